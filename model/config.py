@@ -1,0 +1,65 @@
+"""Shape and regularisation settings of the encoder-decoder Transformer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Special token ids, fixed for every tokenizer this project trains (sentencepiece ids).
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+
+@dataclass
+class ModelConfig:
+    """The paper's architecture; defaults are the base model of Table 3.
+
+    `vocab_size` None means "take it from the data's tokenizer" (the trainer fills it in).
+    """
+
+    vocab_size: int | None = None
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1  # embeddings + every sublayer output (P_drop in the paper)
+    attention_dropout: float = 0.0  # on the attention weights
+    activation_dropout: float = 0.0  # inside the feed-forward block, after the ReLU
+    pre_norm: bool = False  # the paper is post-LN
+    max_positions: int = 1024
+    label_smoothing: float = 0.1
+    init_std: float | None = None  # None: xavier-uniform projections, N(0, d^-0.5) embeddings
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, message) for each invalid value; empty when the config is usable."""
+        out: list[tuple[str, str]] = []
+        positive = {
+            "d_model": self.d_model,
+            "n_heads": self.n_heads,
+            "d_ff": self.d_ff,
+            "encoder_layers": self.encoder_layers,
+            "decoder_layers": self.decoder_layers,
+            "max_positions": self.max_positions,
+        }
+        for key, value in positive.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                out.append((key, f"must be a positive integer, got {value!r}"))
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 8):
+            out.append(("vocab_size", f"must be an integer >= 8 or null, got {self.vocab_size!r}"))
+        if not out and self.d_model % self.n_heads != 0:
+            out.append(("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}"))
+        if not out and self.d_model % 2 != 0:
+            out.append(("d_model", f"must be even for sinusoidal positions, got {self.d_model}"))
+        for key in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                out.append((key, f"must be in [0, 1), got {value!r}"))
+        if self.init_std is not None and not self.init_std > 0:
+            out.append(("init_std", f"must be > 0 or null, got {self.init_std!r}"))
+        return out
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
