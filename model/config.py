@@ -46,7 +46,9 @@ class ModelConfig:
         for key, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 out.append((key, f"must be a positive integer, got {value!r}"))
-        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 8):
+        if self.vocab_size is not None and (
+            not isinstance(self.vocab_size, int) or self.vocab_size < 8
+        ):
             out.append(("vocab_size", f"must be an integer >= 8 or null, got {self.vocab_size!r}"))
         if not out and self.d_model % self.n_heads != 0:
             out.append(("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}"))

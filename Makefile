@@ -1,0 +1,56 @@
+# paperscale: `make test` (what CI runs) and `make demo` (raw text -> BLEU on 2 CPU ranks).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PS := $(VENV)/bin/paperscale
+TORCH ?= torch==2.13.0
+CORPUS ?= corpus/debian-ende
+DATA ?= data/debian-ende
+DEMO_RUN ?= runs/demo
+export OMP_NUM_THREADS ?= 1
+export WANDB_SILENT := true
+
+.PHONY: venv test test-fast demo lint format clean
+
+venv: $(VENV)/.installed
+
+# torch first, from the given spec (a CPU wheel here; on a GPU cluster pass e.g.
+# TORCH="torch --index-url https://download.pytorch.org/whl/cu124"), then the project.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -c "import torch, deepspeed, webdataset, sentencepiece, wandb; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__)"
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pytest -q -ra --durations=15
+
+test-fast: venv
+	$(VENV)/bin/pytest -q -m "not slow"
+
+$(CORPUS)/corpus.json: | venv
+	$(PS) corpus fetch debian-ende $(CORPUS)
+
+$(DATA)/manifest.json: $(CORPUS)/corpus.json
+	$(PS) prepare $(CORPUS) $(DATA) --config configs/tiny.yaml --workers 2
+
+demo: venv $(DATA)/manifest.json
+	rm -rf $(DEMO_RUN)
+	$(PS) train --config configs/tiny.yaml --nproc 2 --run-dir $(DEMO_RUN) data.dir=$(DATA)
+	$(PS) evaluate $(DEMO_RUN) --data $(DATA) --split test --beam 4
+	$(PS) status $(DEMO_RUN)
+
+clean:
+	rm -rf $(DEMO_RUN) .pytest_cache

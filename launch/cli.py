@@ -1,0 +1,351 @@
+"""`paperscale`: the one command users type.
+
+Every subcommand validates its arguments first; a bad value is one line on stderr naming it and
+exit code 2, before any process group or run directory exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from launch.config import ConfigError
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A problem with the user's input, reported as one line and exit code 2."""
+
+
+def _die(message: str) -> int:
+    print(f"paperscale: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# ---------------------------------------------------------------------------------- corpus
+
+
+def cmd_corpus(args: argparse.Namespace) -> int:
+    from data_pipeline.corpus import CorpusUnavailable, fetch_debian_ende, write_synthetic
+
+    out = Path(args.dir)
+    if args.corpus_command == "synthetic":
+        stats = write_synthetic(
+            out, n_train=args.train, n_valid=args.valid, n_test=args.test, seed=args.seed
+        )
+    elif args.name == "debian-ende":
+        try:
+            stats = fetch_debian_ende(
+                out, include_gettext=args.gettext, seed=args.seed,
+                valid_size=args.valid, test_size=args.test,
+            )
+        except CorpusUnavailable as exc:
+            return _die(str(exc))
+    else:
+        return _die(f"unknown corpus {args.name!r}; known: debian-ende")
+    print(json.dumps({"dir": str(out), **stats}, indent=1, default=str))
+    return 0
+
+
+# --------------------------------------------------------------------------------- prepare
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from data_pipeline.prepare import prepare
+
+    corpus = Path(args.corpus_dir)
+    if not corpus.is_dir():
+        return _die(f"corpus dir {corpus} does not exist")
+    vocab_size = args.vocab_size
+    if vocab_size is None:
+        from launch.config import load_config
+
+        vocab_size = load_config(args.config, []).data.vocab_size if args.config else 37000
+    if vocab_size < 8:
+        return _die(f"--vocab-size must be >= 8, got {vocab_size}")
+    if args.workers < 1:
+        return _die(f"--workers must be >= 1, got {args.workers}")
+    try:
+        manifest = prepare(
+            corpus, Path(args.out_dir), vocab_size=vocab_size, src_lang=args.src,
+            tgt_lang=args.tgt, workers=args.workers, seed=args.seed,
+        )
+    except ValueError as exc:
+        return _die(str(exc).splitlines()[0])
+    splits = {k: v["samples"] for k, v in manifest["splits"].items()}
+    print(json.dumps({"out_dir": args.out_dir, "vocab_size": manifest["vocab_size"], **splits}))
+    return 0
+
+
+# ----------------------------------------------------------------------------------- train
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from launch.config import check_data_dir, load_config, to_dict, to_yaml
+    from launch.local import inside_torchrun, run_torchrun
+
+    job = load_config(args.config, args.overrides)
+    if args.run_dir:
+        job.run.dir = args.run_dir
+    if args.nproc < 1:
+        raise ConfigError("--nproc", f"must be >= 1, got {args.nproc}")
+    check_data_dir(job)
+    run_dir = job.run_dir().resolve()
+    job.run.dir = str(run_dir)
+
+    if inside_torchrun() or args.nproc == 1:
+        from trainer.checkpoint import write_atomic
+        from trainer.loop import train
+
+        if not inside_torchrun() or int(__import__("os").environ.get("RANK", "0")) == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(run_dir / "config.yaml", to_yaml(job))
+        summary = train(job, run_dir, to_dict(job))
+        if summary:
+            from trainer.checkpoint import write_atomic as write
+
+            write(run_dir / "summary.json", json.dumps(summary, indent=1))
+            print("summary: " + json.dumps(summary), flush=True)
+        return 0
+
+    import torch
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from trainer.checkpoint import write_atomic
+
+    write_atomic(run_dir / "config.yaml", to_yaml(job))
+    use_cuda = job.train.device == "cuda" or (job.train.device == "auto" and torch.cuda.is_available())
+    return run_torchrun(args.nproc, run_dir / "config.yaml", run_dir, use_cuda)
+
+
+# ------------------------------------------------------------------------ translate / eval
+
+
+def resolve_export(path: Path) -> Path:
+    """An export dir, or a run dir whose `model/` is one."""
+    for candidate in (path, path / "model"):
+        if (candidate / "model.safetensors").is_file() and (candidate / "model.json").is_file():
+            return candidate
+    raise UsageError(f"{path} is neither an export dir nor a run dir with model/model.safetensors")
+
+
+def _check_decode_args(args: argparse.Namespace) -> None:
+    if args.beam < 1:
+        raise UsageError(f"--beam must be >= 1, got {args.beam}")
+    if args.nbest < 1 or args.nbest > args.beam:
+        raise UsageError(f"--nbest must be in [1, --beam={args.beam}], got {args.nbest}")
+    if args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from trainer.inference import Translator
+
+    _check_decode_args(args)
+    export = resolve_export(Path(args.model))
+    if args.input and not Path(args.input).is_file():
+        raise UsageError(f"--input {args.input} does not exist")
+    source = Path(args.input).read_text() if args.input else sys.stdin.read()
+    lines = source.splitlines()
+    translator = Translator.load(export)
+    results = translator.translate(
+        lines, beam=args.beam, lenpen=args.lenpen, nbest=args.nbest, max_tokens=args.max_tokens
+    )
+    out = Path(args.output).open("w") if args.output else sys.stdout
+    for i, nbest in enumerate(results):
+        for text, score in nbest:
+            out.write(f"{i}\t{score:.4f}\t{text}\n" if args.nbest > 1 else text + "\n")
+    out.flush()
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import sacrebleu
+
+    from data_pipeline.loader import read_manifest, read_split_text
+    from trainer.inference import Translator
+
+    _check_decode_args(args)
+    export = resolve_export(Path(args.model))
+    data_dir = Path(args.data)
+    read_manifest(data_dir)
+    sources, refs = read_split_text(data_dir, args.split)
+    if args.limit:
+        sources, refs = sources[: args.limit], refs[: args.limit]
+    translator = Translator.load(export)
+    hyps = [
+        nbest[0][0]
+        for nbest in translator.translate(
+            sources, beam=args.beam, lenpen=args.lenpen, max_tokens=args.max_tokens
+        )
+    ]
+    bleu = sacrebleu.BLEU()
+    chrf = sacrebleu.CHRF()
+    bleu_score = bleu.corpus_score(hyps, [refs])
+    chrf_score = chrf.corpus_score(hyps, [refs])
+    result = {
+        "split": args.split,
+        "sentences": len(hyps),
+        "beam": args.beam,
+        "lenpen": args.lenpen,
+        "bleu": round(bleu_score.score, 2),
+        "chrf": round(chrf_score.score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+    run_dir = export.parent if export.name == "model" else export
+    (run_dir / f"{args.split}.hyp.txt").write_text("".join(h + "\n" for h in hyps))
+    (run_dir / f"eval_{args.split}.json").write_text(json.dumps(result, indent=1))
+    print(f"{bleu_score}  signature: {result['bleu_signature']}")
+    print(f"{chrf_score}  signature: {result['chrf_signature']}")
+    print(json.dumps(result))
+    return 0
+
+
+# ---------------------------------------------------------------------------------- status
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from launch.status import format_status, run_status
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"run dir {run_dir} does not exist")
+    status = run_status(run_dir)
+    print(json.dumps(status, indent=1) if args.json else format_status(status))
+    return 0
+
+
+# ------------------------------------------------------------------------------------ plan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from launch.config import load_config
+    from model.config import ModelConfig
+    from model.params import count_parameters
+
+    job = load_config(args.config, args.overrides)
+    vocab = job.model.vocab_size or job.data.vocab_size
+    params = count_parameters(ModelConfig(**{**job.model.__dict__, "vocab_size": vocab}))
+    plan = {"vocab_size": vocab, "params": params}
+    if args.json:
+        print(json.dumps(plan, indent=1))
+    else:
+        for key, value in params.items():
+            print(f"params.{key:<11} {value:>14,}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="paperscale",
+        description="Train the Transformer of 'Attention Is All You Need' from raw parallel text "
+        "to a BLEU-scored checkpoint, on local processes or Slurm, under DeepSpeed.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    corpus = sub.add_parser("corpus", help="build a parallel corpus (train/valid/test .en/.de)")
+    csub = corpus.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")
+    fetch = csub.add_parser(
+        "fetch",
+        help="fetch a real corpus",
+        description="debian-ende: human-translated English-German pairs from Debian's archive "
+        "(Ding dictionary, translated package descriptions, optionally gettext catalogs).",
+    )
+    fetch.add_argument("name", choices=["debian-ende"], help="which corpus")
+    fetch.add_argument("dir", help="output directory")
+    fetch.add_argument("--gettext", action="store_true", help="also use installed .mo catalogs")
+    fetch.add_argument("--valid", type=int, default=1000, help="validation pairs (default 1000)")
+    fetch.add_argument("--test", type=int, default=1000, help="test pairs (default 1000)")
+    fetch.add_argument("--seed", type=int, default=1)
+    fetch.set_defaults(func=cmd_corpus)
+    synth = csub.add_parser(
+        "synthetic",
+        help="a deterministic synthetic corpus (mapped reversal) for tests and offline machines",
+    )
+    synth.add_argument("dir", help="output directory")
+    synth.add_argument("--train", type=int, default=20000)
+    synth.add_argument("--valid", type=int, default=500)
+    synth.add_argument("--test", type=int, default=500)
+    synth.add_argument("--seed", type=int, default=1)
+    synth.set_defaults(func=cmd_corpus)
+
+    prep = sub.add_parser(
+        "prepare",
+        help="train sentencepiece, encode, write webdataset shards + manifest.json",
+        description="Reads CORPUS_DIR/{train,valid,test}.{SRC,TGT} (plain or .gz) and writes "
+        "OUT_DIR/spm.model, OUT_DIR/shards/*.tar and OUT_DIR/manifest.json.",
+    )
+    prep.add_argument("corpus_dir")
+    prep.add_argument("out_dir")
+    prep.add_argument("--config", help="take the vocabulary size from this config's data.vocab_size")
+    prep.add_argument("--vocab-size", type=int, help="sentencepiece pieces (default 37000)")
+    prep.add_argument("--src", default="en")
+    prep.add_argument("--tgt", default="de")
+    prep.add_argument("--workers", type=int, default=2, help="encoding processes (default 2)")
+    prep.add_argument("--seed", type=int, default=1)
+    prep.set_defaults(func=cmd_prepare)
+
+    train = sub.add_parser(
+        "train",
+        help="train (or resume) a model",
+        description="Train from a config preset with key=value overrides. Resumes from the run "
+        "dir's latest complete checkpoint when there is one.",
+    )
+    train.add_argument("--config", required=True, help="YAML preset, e.g. configs/tiny.yaml")
+    train.add_argument("--nproc", type=int, default=1, help="local processes (through torchrun)")
+    train.add_argument("--run-dir", help="run directory (default runs/<run.name>)")
+    train.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. optim.lr=5e-4")
+    train.set_defaults(func=cmd_train)
+
+    for name, helptext in (
+        ("translate", "translate lines from stdin or --input; detokenised text to stdout"),
+        ("evaluate", "translate a split of a data dir and report sacreBLEU and chrF"),
+    ):
+        sp = sub.add_parser(name, help=helptext, description=helptext)
+        sp.add_argument("model", help="a run dir (uses RUN/model) or an export dir")
+        sp.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy; default 4)")
+        sp.add_argument("--lenpen", type=float, default=0.6, help="length penalty alpha (0.6)")
+        sp.add_argument("--max-tokens", type=int, default=4096, help="source tokens per batch")
+        if name == "translate":
+            sp.add_argument("--nbest", type=int, default=1, help="hypotheses per line")
+            sp.add_argument("--input", help="input file (default stdin)")
+            sp.add_argument("--output", help="output file (default stdout)")
+            sp.set_defaults(func=cmd_translate)
+        else:
+            sp.add_argument("--data", required=True, help="data dir written by `prepare`")
+            sp.add_argument("--split", default="test", choices=["valid", "test"])
+            sp.add_argument("--limit", type=int, default=0, help="first N sentences only")
+            sp.set_defaults(func=cmd_evaluate, nbest=1)
+
+    status = sub.add_parser("status", help="last step, checkpoint, tokens/s, losses and BLEU of a run")
+    status.add_argument("run_dir")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    plan = sub.add_parser("plan", help="parameter count of a config (the planner grows later)")
+    plan.add_argument("--config", required=True)
+    plan.add_argument("--json", action="store_true")
+    plan.add_argument("overrides", nargs="*", metavar="key=value")
+    plan.set_defaults(func=cmd_plan)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ConfigError, UsageError) as exc:
+        return _die(str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

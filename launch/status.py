@@ -1,0 +1,70 @@
+"""`paperscale status RUN`: where a run stands, from the files in its run dir."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a crash mid-write
+    return out
+
+
+def last_value(records: list[dict[str, Any]], key: str) -> tuple[int, Any] | None:
+    for record in reversed(records):
+        if record.get(key) is not None:
+            return record["step"], record[key]
+    return None
+
+
+def run_status(run_dir: Path) -> dict[str, Any]:
+    records = read_metrics(run_dir / "metrics.jsonl")
+    latest = run_dir / "checkpoints" / "latest"
+    status: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "last_step": records[-1]["step"] if records else None,
+        "last_checkpoint": latest.read_text().strip() if latest.is_file() else None,
+    }
+    for key in ("loss", "tokens_per_s", "valid_loss", "bleu"):
+        found = last_value(records, key)
+        status[key] = None if found is None else found[1]
+    first_loss = next((r["loss"] for r in records if r.get("loss") is not None), None)
+    status["first_loss"] = first_loss
+    for split in ("valid", "test"):
+        path = run_dir / f"eval_{split}.json"
+        if path.is_file():
+            status[f"{split}_eval"] = json.loads(path.read_text())
+    return status
+
+
+def format_status(status: dict[str, Any]) -> str:
+    def num(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    lines = [
+        f"run dir          {status['run_dir']}",
+        f"last step        {num(status['last_step'], 'd')}",
+        f"last checkpoint  {status['last_checkpoint'] or '-'}",
+        f"train loss       {num(status['first_loss'], '.3f')} (first) -> "
+        f"{num(status['loss'], '.3f')} (last)",
+        f"tokens/s         {num(status['tokens_per_s'], ',.0f')}",
+        f"valid loss       {num(status['valid_loss'], '.3f')}",
+        f"valid BLEU       {num(status['bleu'], '.2f')}",
+    ]
+    for split in ("valid", "test"):
+        ev = status.get(f"{split}_eval")
+        if ev:
+            lines.append(
+                f"{split} BLEU (beam {ev['beam']}) {ev['bleu']:.2f}  chrF {ev['chrf']:.2f}  "
+                f"({ev['sentences']} sentences; {ev['bleu_signature']})"
+            )
+    return "\n".join(lines)

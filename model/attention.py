@@ -1,0 +1,148 @@
+"""Multi-head scaled dot-product attention, with an optional key/value cache for decoding.
+
+Shape legend (used in every shape comment of this package):
+    B   batch size (sentences, or sentences x beams during beam search)
+    S   source length (encoder positions)
+    T   target length (decoder positions fed in this call)
+    L   decoder positions already held in a key/value cache
+    Tq  query length, Tk key length (Tq = Tk for self-attention without a cache)
+    D   d_model
+    H   number of heads
+    Dk  per-head size, D / H
+    V   vocabulary size
+
+Masks follow torch.nn.functional.scaled_dot_product_attention: a boolean `attn_mask`
+broadcastable to (B, H, Tq, Tk) where True means "may attend". Padding masks elsewhere in
+the package use the opposite convention (True = pad), matching torch.nn.Transformer's
+`key_padding_mask`; `build_attn_mask` converts between the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class KVCache:
+    """Projected keys and values of one attention sublayer, kept between decoding steps.
+
+    For self-attention the tensors grow by the new positions at each step; for cross-attention
+    they are computed once from the encoder output and then only reused.
+    """
+
+    k: Tensor | None = None  # (B, H, Tk, Dk)
+    v: Tensor | None = None  # (B, H, Tk, Dk)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` of the batch (in that order), in place; used by beam search."""
+        if self.k is not None and self.v is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0
+) -> Tensor:
+    """softmax(q k^T / sqrt(d_k)) v for (..., Tq, Dk) queries and (..., Tk, Dk) keys/values.
+
+    A thin wrapper over torch's fused kernel, so that one function is the single definition of
+    attention used by the model and by the tests of the lecture's worked examples.
+    `attn_mask` is boolean, True = may attend; every query row must allow at least one key
+    (`build_attn_mask` guarantees it), otherwise the softmax of that row is NaN.
+    """
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+
+
+def build_attn_mask(
+    key_pad: Tensor | None,
+    tq: int,
+    tk: int,
+    causal: bool,
+    offset: int = 0,
+    device: torch.device | None = None,
+) -> Tensor | None:
+    """Boolean mask (B or 1, 1, Tq, Tk), True = may attend, or None when nothing is masked.
+
+    key_pad: (B, Tk) bool, True where the key is padding. causal: query i (absolute position
+    offset + i) may only see keys at positions <= offset + i. Query rows that would see no key
+    at all (a fully padded sequence, or padding before any real token) are let through to
+    every key: their outputs are meaningless but finite, so no NaN can leak into gradients.
+    """
+    if key_pad is None and not causal:
+        return None
+    if causal and key_pad is None and tq == 1 and offset + 1 >= tk:
+        return None  # one new query at the end sees every cached key
+    mask: Tensor | None = None
+    if key_pad is not None:
+        mask = (~key_pad)[:, None, None, :]  # (B, 1, 1, Tk)
+    if causal:
+        device = key_pad.device if key_pad is not None else device
+        qpos = torch.arange(tq, device=device)[:, None] + offset  # (Tq, 1)
+        kpos = torch.arange(tk, device=device)[None, :]  # (1, Tk)
+        causal_mask = (kpos <= qpos)[None, None]  # (1, 1, Tq, Tk)
+        mask = causal_mask if mask is None else mask & causal_mask  # (B, 1, Tq, Tk)
+    assert mask is not None
+    empty = ~mask.any(dim=-1, keepdim=True)  # (B, 1, Tq, 1)
+    return mask | empty
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W_O with head_i = Attention(Q W_Q^i, ...).
+
+    The h per-head projections of size d_k = d_model / h are stored as one d_model x d_model
+    linear layer each for Q, K and V (with biases, as in torch.nn.MultiheadAttention), so the
+    cost matches one full-size single head, as the paper notes.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _split(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, H, T, Dk)."""
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dk)
+
+    def forward(
+        self,
+        query: Tensor,
+        key_value: Tensor,
+        attn_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        static_kv: bool = False,
+    ) -> Tensor:
+        """Attend from `query` (B, Tq, D) to `key_value` (B, Tk, D); returns (B, Tq, D).
+
+        cache: when given, self-attention (static_kv False) appends this call's keys/values to
+        it and attends over everything cached; cross-attention (static_kv True) projects
+        `key_value` only on the first call and reuses the cached projection afterwards.
+        """
+        b, tq, _ = query.shape
+        q = self._split(self.q_proj(query))  # (B, H, Tq, Dk)
+        if cache is not None and static_kv and cache.k is not None and cache.v is not None:
+            k, v = cache.k, cache.v  # (B, H, S, Dk)
+        else:
+            k = self._split(self.k_proj(key_value))  # (B, H, Tk, Dk)
+            v = self._split(self.v_proj(key_value))  # (B, H, Tk, Dk)
+            if cache is not None:
+                if not static_kv and cache.k is not None and cache.v is not None:
+                    k = torch.cat([cache.k, k], dim=2)  # (B, H, L + Tq, Dk)
+                    v = torch.cat([cache.v, v], dim=2)  # (B, H, L + Tq, Dk)
+                cache.k, cache.v = k, v
+        p = self.dropout if self.training else 0.0
+        z = attention(q, k, v, attn_mask=attn_mask, dropout_p=p)  # (B, H, Tq, Dk)
+        z = z.transpose(1, 2).reshape(b, tq, self.d_model)  # (B, Tq, D)
+        return self.out_proj(z)

@@ -1,0 +1,41 @@
+"""State kept between incremental decoding steps (keys/values of every decoder layer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from model.attention import KVCache
+
+
+@dataclass
+class DecoderCache:
+    """Per-layer self- and cross-attention keys/values plus the target padding seen so far.
+
+    Create it empty (`DecoderCache()`) and pass it to `Transformer.decode` at every step; the
+    first call fills the cross-attention entries from the encoder output, and every call
+    appends its positions to the self-attention entries.
+    """
+
+    self_kv: list[KVCache] = field(default_factory=list)
+    cross_kv: list[KVCache] = field(default_factory=list)
+    tgt_pad_mask: Tensor | None = None  # (B, L) bool, True = pad
+
+    @property
+    def length(self) -> int:
+        """Number of target positions already decoded (L)."""
+        return 0 if self.tgt_pad_mask is None else self.tgt_pad_mask.shape[1]
+
+    def ensure_layers(self, n_layers: int) -> None:
+        """Create the empty per-layer entries on first use."""
+        while len(self.self_kv) < n_layers:
+            self.self_kv.append(KVCache())
+            self.cross_kv.append(KVCache())
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (LongTensor (B',)) in that order, in place (beam search)."""
+        for kv in (*self.self_kv, *self.cross_kv):
+            kv.reorder(index)
+        if self.tgt_pad_mask is not None:
+            self.tgt_pad_mask = self.tgt_pad_mask.index_select(0, index)

@@ -1,0 +1,172 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need"."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.attention import build_attn_mask
+from model.cache import DecoderCache
+from model.config import PAD_ID, ModelConfig
+from model.embedding import TransformerEmbedding
+from model.layers import DecoderLayer, EncoderLayer
+
+
+class EncoderOut(NamedTuple):
+    """What the decoder needs from the encoder."""
+
+    out: Tensor  # (B, S, D) top encoder layer
+    src_pad_mask: Tensor  # (B, S) bool, True = pad
+
+    def select(self, index: Tensor) -> EncoderOut:
+        """Rows `index` of the batch, e.g. each sentence repeated once per beam."""
+        return EncoderOut(self.out.index_select(0, index), self.src_pad_mask.index_select(0, index))
+
+
+def _final_norm(cfg: ModelConfig) -> nn.Module:
+    """Pre-LN stacks end with a LayerNorm (their residual stream is unnormalised)."""
+    return nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+
+
+class Encoder(nn.Module):
+    """A stack of encoder layers over already-embedded source positions."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.norm = _final_norm(cfg)
+
+    def forward(self, x: Tensor, src_pad_mask: Tensor | None) -> Tensor:
+        """x (B, S, D), src_pad_mask (B, S) True = pad -> (B, S, D)."""
+        s = x.shape[1]
+        mask = build_attn_mask(src_pad_mask, s, s, causal=False)  # (B, 1, 1, S) or None
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    """A stack of decoder layers over already-embedded target positions."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.norm = _final_norm(cfg)
+
+    def forward(
+        self,
+        y: Tensor,
+        memory: Tensor,
+        src_pad_mask: Tensor | None,
+        tgt_pad_mask: Tensor | None,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        """y (B, T, D) new target positions, memory (B, S, D) -> hidden states (B, T, D).
+
+        src_pad_mask (B, S) and tgt_pad_mask (B, T) are True at padding. With a cache, the
+        cached target positions (and their padding) come before `y`.
+        """
+        t = y.shape[1]
+        offset = 0
+        key_pad = tgt_pad_mask
+        if cache is not None:
+            offset = cache.length
+            cache.ensure_layers(len(self.layers))
+            if tgt_pad_mask is None:
+                tgt_pad_mask = torch.zeros(y.shape[:2], dtype=torch.bool, device=y.device)
+            if cache.tgt_pad_mask is not None:
+                key_pad = torch.cat([cache.tgt_pad_mask, tgt_pad_mask], dim=1)  # (B, L + T)
+            else:
+                key_pad = tgt_pad_mask  # (B, T)
+            cache.tgt_pad_mask = key_pad
+            if not bool(key_pad.any()):
+                key_pad = None
+        self_mask = build_attn_mask(
+            key_pad, t, offset + t, causal=True, offset=offset, device=y.device
+        )  # (B, 1, T, L + T) or None
+        s = memory.shape[1]
+        cross_mask = build_attn_mask(src_pad_mask, t, s, causal=False)  # (B, 1, 1, S) or None
+        for i, layer in enumerate(self.layers):
+            self_cache = cache.self_kv[i] if cache is not None else None
+            cross_cache = cache.cross_kv[i] if cache is not None else None
+            y = layer(y, memory, self_mask, cross_mask, self_cache, cross_cache)
+        return self.norm(y)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with one embedding matrix shared three ways.
+
+    The same vocab x d_model matrix E embeds source and target tokens and, transposed, maps
+    decoder states to logits (logits = h E^T, no bias), as in section 3.4 of the paper.
+    Padding (PAD_ID) in `src` and `tgt_in` is detected here and turned into masks.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.vocab_size is None:
+            raise ValueError("cfg.vocab_size must be set before building the model")
+        problems = cfg.problems()
+        if problems:
+            raise ValueError("; ".join(f"{k}: {m}" for k, m in problems))
+        self.cfg = cfg
+        self.embed = TransformerEmbedding(
+            cfg.vocab_size, cfg.d_model, cfg.max_positions, cfg.dropout
+        )
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Paper init: xavier-uniform linear weights, zero biases, N(0, d^-0.5) embeddings.
+
+        With cfg.init_std set, linear weights and embeddings are N(0, init_std) instead.
+        LayerNorms keep their (1, 0) default.
+        """
+        std = self.cfg.init_std
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                if std is None:
+                    nn.init.xavier_uniform_(module.weight)
+                else:
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        self.embed.reset_parameters(std)
+
+    def output_projection(self, h: Tensor) -> Tensor:
+        """Decoder states (B, T, D) -> logits (B, T, V) through the shared embedding."""
+        return F.linear(h, self.embed.weight)  # (B, T, V)
+
+    def encode(self, src: Tensor) -> EncoderOut:
+        """src (B, S) token ids, PAD_ID-padded -> EncoderOut(out (B, S, D), src_pad_mask)."""
+        src_pad_mask = src.eq(PAD_ID)  # (B, S)
+        x = self.embed(src)  # (B, S, D)
+        key_pad = src_pad_mask if bool(src_pad_mask.any()) else None
+        return EncoderOut(self.encoder(x, key_pad), src_pad_mask)
+
+    def decode_hidden(
+        self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None
+    ) -> Tensor:
+        """Like `decode` but stops before the output projection: (B, T, D)."""
+        offset = cache.length if cache is not None else 0
+        y = self.embed(tgt_in, offset=offset)  # (B, T, D)
+        tgt_pad_mask = tgt_in.eq(PAD_ID)  # (B, T)
+        if cache is None and not bool(tgt_pad_mask.any()):
+            tgt_pad_mask = None
+        src_pad = enc.src_pad_mask if bool(enc.src_pad_mask.any()) else None
+        return self.decoder(y, enc.out, src_pad, tgt_pad_mask, cache)
+
+    def decode(self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
+        """tgt_in (B, T) -> logits (B, T, V) in the model dtype.
+
+        Without a cache `tgt_in` is the whole prefix (starting with BOS_ID). With a cache it
+        holds only the positions after those already cached; the cache is updated in place.
+        """
+        return self.output_projection(self.decode_hidden(tgt_in, enc, cache))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced training pass: src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+        return self.decode(tgt_in, self.encode(src))

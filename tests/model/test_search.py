@@ -1,0 +1,133 @@
+"""Greedy and beam search: agreement, exhaustive optimality, batching and the cache switch."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.config import BOS_ID, EOS_ID, PAD_ID
+from model.search import beam_search, greedy_search, length_penalty
+from model.transformer import Transformer
+
+from .conftest import build, padded_batch
+
+
+def rescore(model: Transformer, src_row: torch.Tensor, tokens: list[int], alpha: float) -> float:
+    """Teacher-forced sum of log p(tokens + EOS) / lp, for one unpadded source row."""
+    src = src_row[src_row.ne(PAD_ID)][None]  # (1, S)
+    tgt_in = torch.tensor([[BOS_ID, *tokens]])  # (1, T)
+    gold = torch.tensor([[*tokens, EOS_ID]])
+    with torch.no_grad():
+        lprobs = F.log_softmax(model(src, tgt_in).float(), dim=-1)  # (1, T, V)
+    total = lprobs.gather(-1, gold[..., None]).sum().item()
+    return total / length_penalty(len(tokens) + 1, alpha)
+
+
+def eos_happy_model(seed: int, vocab: int = 40, eos_boost: float = 2.0) -> Transformer:
+    """A random model with a raised EOS logit, so that hypotheses end at varied lengths."""
+    model = build(seed=seed, vocab_size=vocab)
+    project = model.output_projection
+    bias = torch.zeros(vocab)
+    bias[EOS_ID] = eos_boost
+
+    def boosted(h: torch.Tensor) -> torch.Tensor:
+        return project(h) + bias
+
+    model.output_projection = boosted  # type: ignore[method-assign]
+    return model
+
+
+def test_beam_one_equals_greedy() -> None:
+    for seed in range(4):
+        model = eos_happy_model(seed)
+        src = padded_batch([7, 3, 5, 9, 2], vocab=40, seed=seed)
+        greedy = greedy_search(model, src, max_len_a=1.0, max_len_b=4)
+        beam = beam_search(model, src, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+        assert [h[0].tokens for h in beam] == greedy
+
+
+def test_cache_switch_does_not_change_results() -> None:
+    model = eos_happy_model(11)
+    src = padded_batch([6, 4, 8], vocab=40, seed=2)
+    assert greedy_search(model, src, 1.0, 5) == greedy_search(model, src, 1.0, 5, use_cache=False)
+    with_cache = beam_search(model, src, beam=3, nbest=3, max_len_b=5)
+    without = beam_search(model, src, beam=3, nbest=3, max_len_b=5, use_cache=False)
+    for a, b in zip(with_cache, without, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert all(abs(x.score - y.score) < 1e-4 for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+@pytest.mark.parametrize("lenpen", [0.0, 0.6, 2.0])
+def test_wide_beam_is_exhaustive(lenpen: float, early_stop: bool) -> None:
+    vocab, max_len = 8, 3  # outputs: up to 2 tokens from {UNK, 4..7}, then EOS
+    model = build(seed=3, vocab_size=vocab, init_std=0.5)
+    src = padded_batch([4], vocab=vocab, seed=5)
+    allowed = [t for t in range(vocab) if t not in (PAD_ID, BOS_ID, EOS_ID)]
+    every = [list(p) for n in range(max_len) for p in itertools.product(allowed, repeat=n)]
+    exact = sorted(((rescore(model, src[0], y, lenpen), y) for y in every), reverse=True)
+    assert len(exact) == 31
+    # 30 live candidates at step 2 is the widest step, so a beam of 31 prunes nothing.
+    found = beam_search(
+        model,
+        src,
+        beam=31,
+        nbest=31,
+        lenpen=lenpen,
+        max_len_a=0.0,
+        max_len_b=max_len,
+        early_stop=early_stop,
+    )[0]
+    assert [h.tokens for h in found] == [y for _, y in exact]
+    assert all(abs(h.score - s) < 1e-4 for h, (s, _) in zip(found, exact, strict=True))
+
+
+def test_finished_hypotheses_are_never_extended() -> None:
+    model = eos_happy_model(7)
+    src = padded_batch([6, 2, 9], vocab=40, seed=9)
+    fed: list[torch.Tensor] = []
+    decode = model.decode
+
+    def spy(tgt_in: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        fed.append(tgt_in.clone())
+        return decode(tgt_in, *args, **kwargs)  # type: ignore[arg-type]
+
+    model.decode = spy  # type: ignore[method-assign]
+    hyps = beam_search(model, src, beam=4, nbest=4, lenpen=0.6, max_len_b=6)
+    del model.decode
+    assert fed and all(not bool(x.eq(EOS_ID).any()) for x in fed)  # EOS never fed back
+    for i, sentence in enumerate(hyps):
+        assert len(sentence) == 4
+        scores = [h.score for h in sentence]
+        assert scores == sorted(scores, reverse=True)
+        for h in sentence:
+            assert EOS_ID not in h.tokens and PAD_ID not in h.tokens and BOS_ID not in h.tokens
+            assert abs(h.score - rescore(model, src[i], h.tokens, 0.6)) < 1e-4
+
+
+def test_batched_equals_one_by_one() -> None:
+    model = eos_happy_model(13)
+    src = padded_batch([8, 3, 6, 2, 5], vocab=40, seed=4)
+    batched = beam_search(model, src, beam=4, nbest=2, max_len_b=5)
+    greedy = greedy_search(model, src, max_len_b=5)
+    for i in range(src.shape[0]):
+        row = src[i : i + 1, : int(src[i].ne(PAD_ID).sum())]  # (1, S_i) unpadded
+        alone = beam_search(model, row, beam=4, nbest=2, max_len_b=5)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
+        assert all(abs(a.score - b.score) < 1e-4 for a, b in zip(alone, batched[i], strict=True))
+        assert greedy_search(model, row, max_len_b=5)[0] == greedy[i]
+
+
+def test_length_limits() -> None:
+    model = build(seed=2)
+    src = padded_batch([5, 2], vocab=40)
+    # min_len = max_len forces exactly max_len - 1 tokens before the EOS
+    out = greedy_search(model, src, max_len_a=0.0, max_len_b=7, min_len=7)
+    assert [len(y) for y in out] == [6, 6]
+    out = greedy_search(model, src, max_len_a=1.0, max_len_b=0)  # src_len + 0, EOS counted
+    assert all(len(y) <= n - 1 for y, n in zip(out, [5, 2], strict=True))
+    hyps = beam_search(model, src, beam=3, max_len_a=0.0, max_len_b=7, min_len=7)
+    assert [len(h[0].tokens) for h in hyps] == [6, 6]

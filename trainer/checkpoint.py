@@ -1,0 +1,147 @@
+"""Checkpoints: DeepSpeed's engine files plus our client state, `latest` written last.
+
+Layout of `RUN/checkpoints/`:
+  step_00000100/            DeepSpeed's files (model states, per-rank optimizer partitions)
+  step_00000100/rank_00000.pt   this rank's own state: data position and RNG states
+  latest                    the tag of the newest complete checkpoint (tmp file + rename)
+
+`latest` is replaced only after every rank has finished writing, so a save interrupted at any
+point leaves the previous checkpoint as the one resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+LATEST = "latest"
+META = "meta.json"
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def step_of(tag: str) -> int:
+    return int(tag.split("_", 1)[1])
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file, fsync it and rename it over `path`."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def latest_tag(ckpt_dir: Path) -> str | None:
+    """The tag `latest` names, if that checkpoint directory exists."""
+    path = ckpt_dir / LATEST
+    if not path.is_file():
+        return None
+    tag = path.read_text().strip()
+    return tag if tag and (ckpt_dir / tag).is_dir() else None
+
+
+def complete_tags(ckpt_dir: Path) -> list[str]:
+    """Tags of finished checkpoints, oldest first (a tag is finished when its marker exists)."""
+    if not ckpt_dir.is_dir():
+        return []
+    tags = [p.name for p in ckpt_dir.iterdir() if p.is_dir() and (p / "complete").is_file()]
+    return sorted(tags, key=step_of)
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch generator states in a form `torch.load(weights_only=True)` reads."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "name": str(np_name),
+            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "gauss": float(np_gauss),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state(
+        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def rank_state_path(ckpt_dir: Path, tag: str, rank: int) -> Path:
+    return ckpt_dir / tag / f"rank_{rank:05d}.pt"
+
+
+def save(
+    engine: Any,
+    ckpt_dir: Path,
+    step: int,
+    client_state: dict[str, Any],
+    rank_state: dict[str, Any],
+    rank: int,
+    keep_last: int,
+    meta: dict[str, Any],
+) -> str:
+    """Save on every rank; then rank 0 marks it complete, points `latest` at it and prunes.
+
+    `meta` (model shape and resolved config, JSON) goes to `meta.json`, readable without
+    DeepSpeed or unpickling.
+    """
+    tag = tag_for(step)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
+    path = rank_state_path(ckpt_dir, tag, rank)
+    tmp = path.with_suffix(".tmp")
+    torch.save(rank_state, tmp)
+    os.replace(tmp, path)
+    dist.barrier()
+    if rank == 0:
+        write_atomic(ckpt_dir / tag / META, json.dumps(meta, indent=1))
+        write_atomic(ckpt_dir / tag / "complete", f"{step}\n")
+        write_atomic(ckpt_dir / LATEST, tag + "\n")
+        for old in complete_tags(ckpt_dir)[:-keep_last]:
+            shutil.rmtree(ckpt_dir / old, ignore_errors=True)
+    dist.barrier()
+    return tag
+
+
+def load(
+    engine: Any, ckpt_dir: Path, tag: str, rank: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load engine, optimizer and scheduler states; returns (client_state, this rank's state)."""
+    path, client_state = engine.load_checkpoint(
+        str(ckpt_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+    )
+    if path is None:
+        raise RuntimeError(f"DeepSpeed could not load checkpoint {ckpt_dir / tag}")
+    rank_state = torch.load(rank_state_path(ckpt_dir, tag, rank), weights_only=True)
+    return client_state or {}, rank_state

@@ -1,0 +1,101 @@
+"""Settings of the optimiser, the training loop, checkpoints and metrics sinks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _non_negative_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass
+class OptimConfig:
+    """Adam and the inverse-square-root schedule.
+
+    The paper's schedule is lr(step) = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), i.e. an
+    inverse-sqrt curve whose peak at `warmup_steps` is d_model^-0.5 * warmup^-0.5. `lr` null keeps
+    that peak; a number sets the peak (fairseq's large-batch recipe: lr 1e-3), and
+    `warmup_init_lr` is where the linear warm-up starts (paper 0; fairseq 1e-7).
+    """
+
+    lr: float | None = None
+    warmup_steps: int = 4000
+    warmup_init_lr: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_grad: float = 0.0  # 0 = no clipping (the paper)
+
+    def problems(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        if self.lr is not None and (not isinstance(self.lr, (int, float)) or not self.lr > 0):
+            out.append(("lr", f"must be > 0 or null (the paper's schedule), got {self.lr!r}"))
+        if not _positive_int(self.warmup_steps):
+            out.append(("warmup_steps", f"must be a positive integer, got {self.warmup_steps!r}"))
+        if not self.warmup_init_lr >= 0:
+            out.append(("warmup_init_lr", f"must be >= 0, got {self.warmup_init_lr!r}"))
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                out.append((key, f"must be in [0, 1), got {getattr(self, key)!r}"))
+        if not self.eps > 0:
+            out.append(("eps", f"must be > 0, got {self.eps!r}"))
+        if not self.weight_decay >= 0:
+            out.append(("weight_decay", f"must be >= 0, got {self.weight_decay!r}"))
+        if not self.clip_grad >= 0:
+            out.append(("clip_grad", f"must be >= 0 (0 = off), got {self.clip_grad!r}"))
+        return out
+
+
+@dataclass
+class TrainConfig:
+    """The loop: how long, how often to evaluate, log and save, and the DeepSpeed engine's mode."""
+
+    max_steps: int = 100_000
+    grad_accum: int = 1
+    zero_stage: int = 2
+    precision: str = "bf16"  # bf16 | fp16 (GPU only) | fp32
+    seed: int = 1
+    log_every: int = 100
+    eval_every: int = 1000  # validation loss; 0 = only at the end
+    eval_max_batches: int = 0  # 0 = the whole validation split
+    bleu_every: int = 0  # BLEU by greedy decoding on a validation subset; 0 = only at the end
+    bleu_samples: int = 200
+    save_every: int = 0  # steps; 0 = only at the end
+    keep_last: int = 5
+    device: str = "auto"  # auto | cpu | cuda
+
+    def problems(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for key in ("max_steps", "grad_accum", "log_every", "bleu_samples", "keep_last"):
+            if not _positive_int(getattr(self, key)):
+                out.append((key, f"must be a positive integer, got {getattr(self, key)!r}"))
+        for key in ("eval_every", "eval_max_batches", "bleu_every", "save_every", "seed"):
+            if not _non_negative_int(getattr(self, key)):
+                out.append((key, f"must be a non-negative integer, got {getattr(self, key)!r}"))
+        if self.zero_stage not in (0, 1, 2, 3):
+            out.append(("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage!r}"))
+        if self.precision not in ("bf16", "fp16", "fp32"):
+            out.append(("precision", f"must be bf16, fp16 or fp32, got {self.precision!r}"))
+        if self.device not in ("auto", "cpu", "cuda"):
+            out.append(("device", f"must be auto, cpu or cuda, got {self.device!r}"))
+        return out
+
+
+@dataclass
+class LoggingConfig:
+    """Where metrics go besides the console and metrics.jsonl."""
+
+    wandb: str = "offline"  # online | offline | disabled
+    wandb_project: str = "paperscale"
+    tensorboard: bool = False
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.wandb not in ("online", "offline", "disabled"):
+            return [("wandb", f"must be online, offline or disabled, got {self.wandb!r}")]
+        return []

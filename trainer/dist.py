@@ -1,0 +1,66 @@
+"""Rank, world size and device, read from the environment torchrun (or srun + torchrun) sets."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_device(choice: str) -> torch.device:
+    """`auto` picks CUDA when present; the CPU path runs DeepSpeed's CPU accelerator."""
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def init_distributed(device_choice: str, timeout_s: float = 600.0) -> DistEnv:
+    """Start the process group (nccl on GPU, gloo on CPU) through DeepSpeed.
+
+    Works the same whether the process was started by torchrun or as a single plain process
+    (then a world of one on a free local port).
+    """
+    device = resolve_device(device_choice)
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "RANK" not in os.environ:
+        os.environ.update(
+            {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+        )
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    import deepspeed  # imported late: DS_ACCELERATOR must be set first
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    deepspeed.init_distributed(
+        dist_backend="nccl" if device.type == "cuda" else "gloo",
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return DistEnv(
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        device=device,
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

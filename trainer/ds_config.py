@@ -1,0 +1,56 @@
+"""The DeepSpeed config, generated from ours (there is no hand-written JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.config import OptimConfig, TrainConfig
+
+# Bucket sizes are explicit so a run's communication pattern does not change with DeepSpeed's
+# defaults; 5e8 elements is DeepSpeed's documented default and fits every preset here.
+BUCKET_ELEMENTS = 500_000_000
+
+
+def build_ds_config(train: TrainConfig, optim: OptimConfig, world_size: int) -> dict[str, Any]:
+    """Engine settings: ZeRO stage, precision, accumulation and clipping.
+
+    Micro-batches are sized in tokens, not samples, so `train_micro_batch_size_per_gpu` is a
+    nominal 1; the loss is normalised by the step's real token count in the train step.
+    """
+    zero: dict[str, Any] = {
+        "stage": train.zero_stage,
+        "reduce_bucket_size": BUCKET_ELEMENTS,
+        "allgather_bucket_size": BUCKET_ELEMENTS,
+        "overlap_comm": False,
+        "contiguous_gradients": True,
+    }
+    if train.zero_stage == 3:
+        zero.update(
+            {
+                "stage3_prefetch_bucket_size": BUCKET_ELEMENTS,
+                "stage3_param_persistence_threshold": 100_000,
+                "stage3_gather_16bit_weights_on_model_save": False,
+            }
+        )
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": train.grad_accum,
+        "train_batch_size": train.grad_accum * world_size,
+        "gradient_clipping": optim.clip_grad,
+        "zero_optimization": zero,
+        "steps_per_print": 2**62,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,
+    }
+    if train.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif train.precision == "fp16":
+        config["fp16"] = {
+            "enabled": True,
+            "loss_scale": 0,  # dynamic
+            "initial_scale_power": 16,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        }
+    return config

@@ -1,0 +1,121 @@
+"""Validation during training: loss / perplexity over the split, BLEU by greedy decoding.
+
+Both are sharded across ranks and reduced, so every rank runs the same number of collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import sacrebleu
+import torch
+import torch.distributed as dist
+
+from data_pipeline.config import DataConfig
+from data_pipeline.loader import TokenBatchStream
+from data_pipeline.tokenizer import Tokenizer
+from model.loss import label_smoothed_loss
+from model.search import greedy_search
+from trainer.dist import DistEnv
+
+
+def _lockstep(batches: Iterator[Any], device: torch.device) -> Iterator[Any | None]:
+    """Yield local batches while any rank still has one (None once this rank is out), so ranks
+    with fewer batches keep taking part in collectives (ZeRO-3 gathers parameters in forward)."""
+    while True:
+        batch = next(batches, None)
+        flag = torch.tensor([0.0 if batch is None else 1.0], device=device)
+        dist.all_reduce(flag)
+        if flag.item() == 0:
+            return
+        yield batch
+
+
+@torch.no_grad()
+def validation_loss(
+    engine: Any,
+    data_dir: Path,
+    data_cfg: DataConfig,
+    env: DistEnv,
+    epsilon: float,
+    max_batches: int = 0,
+) -> dict[str, float]:
+    """Label-smoothed loss and perplexity (from the NLL) per target token over the valid split."""
+    stream = TokenBatchStream(
+        data_dir, "valid", data_cfg, rank=env.rank, world_size=env.world_size,
+        shuffle=False, epochs=1,
+    )
+    totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss, nll, tokens
+    first = None
+    engine.eval()
+    local = iter(stream)
+    if max_batches:
+        local = (b for i, b in zip(range(max_batches), stream))
+    for batch in _lockstep(local, env.device):
+        if batch is None:
+            if first is None or engine.zero_optimization_stage() < 3:
+                continue
+            batch = first  # keeps ZeRO-3's parameter gathering in step; result discarded
+            weight = 0.0
+        else:
+            first = first or batch
+            weight = 1.0
+        batch = batch.to(env.device)
+        logits = engine(batch.src, batch.tgt_in)
+        loss, nll, ntok = label_smoothed_loss(logits, batch.tgt_out, epsilon)
+        totals += weight * torch.stack([loss.double(), nll.double(), ntok.double()])
+    engine.train()
+    dist.all_reduce(totals)
+    loss_sum, nll_sum, tokens = totals.tolist()
+    if tokens == 0:
+        return {}
+    return {"valid_loss": loss_sum / tokens, "valid_ppl": math.exp(min(nll_sum / tokens, 50.0))}
+
+
+@torch.no_grad()
+def validation_bleu(
+    engine: Any,
+    data_dir: Path,
+    data_cfg: DataConfig,
+    tokenizer: Tokenizer,
+    env: DistEnv,
+    samples: int,
+) -> dict[str, float]:
+    """Greedy-decode the first `samples` validation pairs, sharded by rank, scored on rank 0."""
+    stream = TokenBatchStream(
+        data_dir, "valid", data_cfg, rank=env.rank, world_size=env.world_size,
+        shuffle=False, epochs=1,
+    )
+    per_rank = math.ceil(samples / env.world_size)
+    hyps: list[str] = []
+    refs: list[str] = []
+    model = engine.module
+    model.eval()
+    gather = contextlib.nullcontext()
+    if engine.zero_optimization_stage() == 3:
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(list(model.parameters()))
+    with gather:
+        for batch in stream:
+            if len(refs) >= per_rank:
+                break
+            batch = batch.to(env.device)
+            out = greedy_search(model, batch.src)
+            hyps.extend(tokenizer.decode(out))
+            refs.extend(batch.tgt_text)
+    model.train()
+    hyps, refs = hyps[:per_rank], refs[:per_rank]
+    gathered: list[Any] = [None] * env.world_size
+    dist.all_gather_object(gathered, (hyps, refs))
+    if not env.is_main:
+        return {}
+    all_hyps = [h for part in gathered for h in part[0]]
+    all_refs = [r for part in gathered for r in part[1]]
+    if not all_hyps:
+        return {}
+    return {"bleu": sacrebleu.corpus_bleu(all_hyps, [all_refs]).score}

@@ -1,0 +1,62 @@
+"""The paper's learning-rate schedule (linear warm-up, then inverse square root)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def peak_lr(d_model: int, warmup_steps: int) -> float:
+    """The paper's peak, reached at step = warmup: d_model^-0.5 * warmup^-0.5."""
+    return d_model**-0.5 * warmup_steps**-0.5
+
+
+def inverse_sqrt_lr(
+    step: int,
+    *,
+    d_model: int,
+    warmup_steps: int,
+    lr: float | None = None,
+    warmup_init_lr: float = 0.0,
+) -> float:
+    """Learning rate of optimizer step `step` (1-based).
+
+    With `lr=None` and `warmup_init_lr=0` this is the paper's
+    d_model^-0.5 * min(step^-0.5, step * warmup^-1.5); `lr` sets the peak instead (fairseq's
+    inverse_sqrt with --lr), and `warmup_init_lr` the start of the linear warm-up.
+    """
+    peak = peak_lr(d_model, warmup_steps) if lr is None else lr
+    step = max(step, 1)
+    if step < warmup_steps:
+        return warmup_init_lr + (peak - warmup_init_lr) * step / warmup_steps
+    return peak * math.sqrt(warmup_steps / step)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    *,
+    d_model: int,
+    warmup_steps: int,
+    lr: float | None,
+    warmup_init_lr: float,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR on base lr 1.0 whose k-th optimizer step (k = 1, 2, ...) uses lr(k).
+
+    LambdaLR evaluates its lambda at 0 on construction and after each step() at 1, 2, ...;
+    shifting by one makes the first update use lr(1) rather than the useless lr(0) = 0.
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = 1.0
+        group["initial_lr"] = 1.0
+
+    def factor(completed_steps: int) -> float:
+        return inverse_sqrt_lr(
+            completed_steps + 1,
+            d_model=d_model,
+            warmup_steps=warmup_steps,
+            lr=lr,
+            warmup_init_lr=warmup_init_lr,
+        )
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
