@@ -66,7 +66,7 @@ class _LineFile:
 
     @property
     def raw_pos(self) -> int:
-        return self._raw.tell()
+        return self.path.stat().st_size if self._raw.closed else self._raw.tell()
 
     def readline(self) -> bytes:
         try:
@@ -248,6 +248,12 @@ class _InlinePool:
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         pass
+
+
+def _mp_context() -> Any:
+    """``fork`` where available: cheap, and the workers need nothing but the spm path."""
+    methods = mp.get_all_start_methods()
+    return mp.get_context("fork" if "fork" in methods else "spawn")
 
 
 def _progress_bar(enabled: bool | None, total: int, desc: str) -> Any:
@@ -455,7 +461,7 @@ def prepare(
     pool: Any = (
         ProcessPoolExecutor(
             max_workers=workers,
-            mp_context=mp.get_context("spawn"),
+            mp_context=_mp_context(),
             initializer=_init_worker,
             initargs=(str(spm_path),),
         )

@@ -62,6 +62,7 @@ def train_sentencepiece(
         for f in inputs:
             if not f.is_file():
                 raise ValueError(f"{f}: tokenizer input file not found")
+        spm.set_random_generator_seed(seed)  # sentence sampling/shuffling is reproducible
         try:
             spm.SentencePieceTrainer.train(
                 input=",".join(str(f) for f in inputs),
@@ -71,7 +72,6 @@ def train_sentencepiece(
                 character_coverage=1.0,
                 input_sentence_size=input_sentence_size,
                 shuffle_input_sentence=True,
-                seed_sentencepiece_size=1_000_000,
                 pad_id=PAD_ID,
                 unk_id=UNK_ID,
                 bos_id=BOS_ID,
@@ -80,7 +80,6 @@ def train_sentencepiece(
                 unk_piece="<unk>",
                 bos_piece="<s>",
                 eos_piece="</s>",
-                random_seed=seed,
                 num_threads=2,
                 minloglevel=2,
             )

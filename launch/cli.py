@@ -165,7 +165,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import sacrebleu
 
-    from data_pipeline.loader import read_manifest, read_split_text
+    from data_pipeline.loader import read_manifest
+    from data_pipeline.text import read_split_text
     from trainer.inference import Translator
 
     _check_decode_args(args)

@@ -163,7 +163,7 @@ def beam_search(
                         break
                     beam_idx, tok = divmod(idx, v)
                     if tok == EOS_ID:
-                        if r < k:
+                        if True:
                             lp = length_penalty(step, lenpen)
                             finished[i].append(Hypothesis(prefixes[base + beam_idx], s / lp))
                         continue

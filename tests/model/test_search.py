@@ -26,7 +26,7 @@ def rescore(model: Transformer, src_row: torch.Tensor, tokens: list[int], alpha:
     return total / length_penalty(len(tokens) + 1, alpha)
 
 
-def eos_happy_model(seed: int, vocab: int = 40, eos_boost: float = 2.0) -> Transformer:
+def eos_happy_model(seed: int, vocab: int = 40, eos_boost: float = 1.0) -> Transformer:
     """A random model with a raised EOS logit, so that hypotheses end at varied lengths."""
     model = build(seed=seed, vocab_size=vocab)
     project = model.output_projection
@@ -41,17 +41,22 @@ def eos_happy_model(seed: int, vocab: int = 40, eos_boost: float = 2.0) -> Trans
 
 
 def test_beam_one_equals_greedy() -> None:
-    for seed in range(4):
-        model = eos_happy_model(seed)
-        src = padded_batch([7, 3, 5, 9, 2], vocab=40, seed=seed)
+    lengths: set[tuple[int, int]] = set()
+    lens = [7, 3, 5, 9, 2]
+    for seed, boost in itertools.product(range(3), (0.8, 1.0, 1.2)):
+        model = eos_happy_model(seed, eos_boost=boost)
+        src = padded_batch(lens, vocab=40, seed=seed)
         greedy = greedy_search(model, src, max_len_a=1.0, max_len_b=4)
         beam = beam_search(model, src, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=4)
         assert [h[0].tokens for h in beam] == greedy
+        lengths |= {(len(y), n + 3) for y, n in zip(greedy, lens, strict=True)}
+    # both early EOS and the length limit were exercised
+    assert any(n < limit for n, limit in lengths) and any(n == limit for n, limit in lengths)
 
 
 def test_cache_switch_does_not_change_results() -> None:
-    model = eos_happy_model(11)
-    src = padded_batch([6, 4, 8], vocab=40, seed=2)
+    model = eos_happy_model(19, eos_boost=0.8)
+    src = padded_batch([8, 3, 6, 2, 5], vocab=40, seed=19)
     assert greedy_search(model, src, 1.0, 5) == greedy_search(model, src, 1.0, 5, use_cache=False)
     with_cache = beam_search(model, src, beam=3, nbest=3, max_len_b=5)
     without = beam_search(model, src, beam=3, nbest=3, max_len_b=5, use_cache=False)
@@ -86,8 +91,8 @@ def test_wide_beam_is_exhaustive(lenpen: float, early_stop: bool) -> None:
 
 
 def test_finished_hypotheses_are_never_extended() -> None:
-    model = eos_happy_model(7)
-    src = padded_batch([6, 2, 9], vocab=40, seed=9)
+    model = eos_happy_model(10, eos_boost=0.8)
+    src = padded_batch([8, 3, 6, 2, 5], vocab=40, seed=10)
     fed: list[torch.Tensor] = []
     decode = model.decode
 
@@ -98,6 +103,7 @@ def test_finished_hypotheses_are_never_extended() -> None:
     model.decode = spy  # type: ignore[method-assign]
     hyps = beam_search(model, src, beam=4, nbest=4, lenpen=0.6, max_len_b=6)
     del model.decode
+    assert len({len(h.tokens) for sentence in hyps for h in sentence}) > 3  # varied lengths
     assert fed and all(not bool(x.eq(EOS_ID).any()) for x in fed)  # EOS never fed back
     for i, sentence in enumerate(hyps):
         assert len(sentence) == 4
@@ -109,16 +115,17 @@ def test_finished_hypotheses_are_never_extended() -> None:
 
 
 def test_batched_equals_one_by_one() -> None:
-    model = eos_happy_model(13)
-    src = padded_batch([8, 3, 6, 2, 5], vocab=40, seed=4)
-    batched = beam_search(model, src, beam=4, nbest=2, max_len_b=5)
+    model = eos_happy_model(0, eos_boost=1.2)
+    src = padded_batch([8, 3, 6, 2, 5], vocab=40, seed=0)
+    batched = beam_search(model, src, beam=4, nbest=4, max_len_b=5)
     greedy = greedy_search(model, src, max_len_b=5)
     for i in range(src.shape[0]):
         row = src[i : i + 1, : int(src[i].ne(PAD_ID).sum())]  # (1, S_i) unpadded
-        alone = beam_search(model, row, beam=4, nbest=2, max_len_b=5)[0]
+        alone = beam_search(model, row, beam=4, nbest=4, max_len_b=5)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
         assert all(abs(a.score - b.score) < 1e-4 for a, b in zip(alone, batched[i], strict=True))
         assert greedy_search(model, row, max_len_b=5)[0] == greedy[i]
+    assert len({len(h.tokens) for sentence in batched for h in sentence}) > 3  # varied lengths
 
 
 def test_length_limits() -> None:

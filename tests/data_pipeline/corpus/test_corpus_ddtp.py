@@ -69,7 +69,7 @@ def test_split_sentences_respects_abbreviations() -> None:
 
 def test_split_description_paragraphs_and_items() -> None:
     summary, paras = ddtp.split_description(
-        list(ddtp.parse_deb822(TRANSLATION_EN))[0]["Description-en"]
+        next(iter(ddtp.parse_deb822(TRANSLATION_EN)))["Description-en"]
     )
     assert summary == "Real-time strategy game of ancient warfare"
     assert len(paras) == 3

@@ -10,7 +10,8 @@ SAMPLE = """\
 Aal {m} [cook.] | Aale {pl} :: eel | eels
 annehmbar; passabel {adj} | halbwegs annehmbar | in Ordnung sein | Seine Noten sind passabel. :: \
 decent; respectable | half-decent | to be decent | His marks are decent / respectable.
-etw. ausblenden {vt} (nicht mehr anzeigen) [comp.] | ausblendend :: to hide {hid; hidden} sth. | hiding
+etw. ausblenden {vt} (nicht mehr anzeigen) [comp.] | ausblendend :: \
+to hide {hid; hidden} sth. | hiding
 das A und O [ugs.] :: the nuts and bolts [coll.]
 Kopf {m} <Kopp> | Köpfe {pl} | Kopf hoch! :: head | heads
 """

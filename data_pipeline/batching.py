@@ -1,0 +1,150 @@
+"""Token-budget batching of one shuffle window, and the padded ``Batch`` the trainer consumes.
+
+A window of samples is sorted into length buckets (``bucket_width`` tokens of
+``max(S, T)``), then cut greedily into batches whose *padded* size ``B * max(S_pad, T_pad)``
+stays within ``max_tokens`` (fairseq's ``--max-tokens``: the budget counts padding, so the
+memory of a micro-batch is bounded however its lengths are distributed).  Sorting before
+cutting keeps the padding low; shuffling the window first and the batch order afterwards keeps
+the order random.  Everything here is a pure function of its inputs and the given RNG, which is
+what makes the loader's resume exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import torch
+
+from data_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def round_up(n: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``n`` (and >= ``multiple``)."""
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+@dataclass
+class Sample:
+    """One decoded pair: source ids end with EOS, target ids carry neither BOS nor EOS."""
+
+    key: str
+    src: np.ndarray  # (S,) source ids incl. EOS
+    tgt: np.ndarray  # (T-1,) target ids
+    src_text: str
+    tgt_text: str
+
+    @property
+    def src_len(self) -> int:
+        """Length of the source row of the batch (EOS included)."""
+        return len(self.src)
+
+    @property
+    def tgt_len(self) -> int:
+        """Length of the ``tgt_in``/``tgt_out`` rows (one BOS or EOS added)."""
+        return len(self.tgt) + 1
+
+
+@dataclass
+class Batch:
+    """A padded micro-batch.
+
+    ``tgt_in`` is BOS + target (decoder input), ``tgt_out`` is target + EOS (labels); both
+    have the same length T.  ``n_src_tokens``/``n_tgt_tokens`` count non-pad positions of
+    ``src``/``tgt_out`` (the loss normaliser).  ``keys``/texts identify the samples (BLEU).
+    """
+
+    src: torch.Tensor  # (B, S) int64, PAD_ID-padded, S % pad_multiple == 0
+    tgt_in: torch.Tensor  # (B, T) int64, BOS + tgt, T % pad_multiple == 0
+    tgt_out: torch.Tensor  # (B, T) int64, tgt + EOS
+    keys: list[str] = field(default_factory=list)
+    src_text: list[str] = field(default_factory=list)
+    tgt_text: list[str] = field(default_factory=list)
+    n_src_tokens: int = 0
+    n_tgt_tokens: int = 0
+
+    def __len__(self) -> int:
+        return int(self.src.shape[0])
+
+    def _map(self, fn) -> Batch:  # noqa: ANN001 - tensor -> tensor
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("src", "tgt_in", "tgt_out"):
+            values[name] = fn(values[name])
+        return Batch(**values)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """A copy with the three tensors on ``device`` (metadata shared)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """A copy in page-locked memory, so ``to(cuda, non_blocking=True)`` is asynchronous."""
+        return self._map(lambda t: t.pin_memory())
+
+
+def plan_batches(
+    samples: Sequence[Sample],
+    *,
+    max_tokens: int,
+    pad_multiple: int,
+    bucket_width: int,
+    rng: np.random.Generator | None,
+) -> list[list[int]]:
+    """Group sample indices into token-budget batches (indices into ``samples``).
+
+    With ``rng`` the window is shuffled before bucketing (random order inside a bucket) and
+    the batch order is shuffled after; without it the order is deterministic and stable.
+    A single sample larger than the budget becomes a batch of its own.
+    """
+    n = len(samples)
+    if n == 0:
+        return []
+    order = rng.permutation(n) if rng is not None else np.arange(n)
+    order = sorted(
+        order.tolist(),
+        key=lambda i: (max(samples[i].src_len, samples[i].tgt_len) - 1) // bucket_width,
+    )
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_s = cur_t = 0
+    for i in order:
+        s = round_up(max(cur_s, samples[i].src_len), pad_multiple)
+        t = round_up(max(cur_t, samples[i].tgt_len), pad_multiple)
+        if cur and (len(cur) + 1) * max(s, t) > max_tokens:
+            batches.append(cur)
+            cur, cur_s, cur_t = [], 0, 0
+        cur.append(i)
+        cur_s = max(cur_s, samples[i].src_len)
+        cur_t = max(cur_t, samples[i].tgt_len)
+    if cur:
+        batches.append(cur)
+    if rng is not None:
+        batches = [batches[j] for j in rng.permutation(len(batches)).tolist()]
+    return batches
+
+
+def collate(samples: Sequence[Sample], pad_multiple: int) -> Batch:
+    """Pad a list of samples into a :class:`Batch` (lengths rounded up to ``pad_multiple``)."""
+    b = len(samples)
+    s_len = round_up(max(x.src_len for x in samples), pad_multiple)
+    t_len = round_up(max(x.tgt_len for x in samples), pad_multiple)
+    src = np.full((b, s_len), PAD_ID, dtype=np.int64)  # (B, S)
+    tgt_in = np.full((b, t_len), PAD_ID, dtype=np.int64)  # (B, T)
+    tgt_out = np.full((b, t_len), PAD_ID, dtype=np.int64)  # (B, T)
+    for row, x in enumerate(samples):
+        src[row, : x.src_len] = x.src
+        n = len(x.tgt)
+        tgt_in[row, 0] = BOS_ID
+        tgt_in[row, 1 : n + 1] = x.tgt
+        tgt_out[row, :n] = x.tgt
+        tgt_out[row, n] = EOS_ID
+    return Batch(
+        src=torch.from_numpy(src),
+        tgt_in=torch.from_numpy(tgt_in),
+        tgt_out=torch.from_numpy(tgt_out),
+        keys=[x.key for x in samples],
+        src_text=[x.src_text for x in samples],
+        tgt_text=[x.tgt_text for x in samples],
+        n_src_tokens=sum(x.src_len for x in samples),
+        n_tgt_tokens=sum(x.tgt_len for x in samples),
+    )

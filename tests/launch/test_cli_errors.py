@@ -1,0 +1,98 @@
+"""Bad configs and arguments: exit 2, one line naming the key, no traceback, nothing written."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "launch.cli", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "manifest.json").write_text(json.dumps({"version": 1, "splits": {}}))
+    return d
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("optim.lr=-1", "optim.lr"),
+        ("model.d_model=0", "model.d_model"),
+        ("model.bogus=3", "model.bogus"),
+        ("nosuchsection.x=1", "nosuchsection"),
+        ("model.d_model=abc", "model.d_model"),
+        ("model.n_heads=7", "model.d_model"),
+        ("train.zero_stage=4", "train.zero_stage"),
+        ("train.precision=fp8", "train.precision"),
+        ("train.grad_accum=0", "train.grad_accum"),
+        ("data.max_tokens=-5", "data.max_tokens"),
+        ("model.dropout=1.5", "model.dropout"),
+        ("logging.wandb=sometimes", "logging.wandb"),
+    ],
+)
+def test_bad_override_exits_2_naming_the_key(
+    tmp_path: Path, data_dir: Path, override: str, key: str
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--run-dir", str(run_dir),
+        f"data.dir={data_dir}", override, cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert key in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists()
+
+
+def test_missing_data_dir_names_data_dir(tmp_path: Path) -> None:
+    proc = run_cli(
+        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "2",
+        f"data.dir={tmp_path / 'nope'}", cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "data.dir" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    proc = run_cli("train", "--config", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "--config" in proc.stderr and "missing.yaml" in proc.stderr
+
+
+def test_bad_nproc(tmp_path: Path, data_dir: Path) -> None:
+    proc = run_cli(
+        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "0",
+        f"data.dir={data_dir}", cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and "--nproc" in proc.stderr
+
+
+def test_translate_rejects_non_model_dir(tmp_path: Path) -> None:
+    proc = run_cli("translate", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "export dir" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("sub", ["corpus", "prepare", "train", "translate", "evaluate", "plan"])
+def test_every_subcommand_has_help(tmp_path: Path, sub: str) -> None:
+    proc = run_cli(sub, "--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert "usage: paperscale" in proc.stdout
