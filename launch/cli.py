@@ -40,7 +40,8 @@ def cmd_corpus(args: argparse.Namespace) -> int:
         try:
             stats = fetch_debian_ende(
                 out, include_gettext=args.gettext, seed=args.seed,
-                valid_size=args.valid, test_size=args.test,
+                valid_size=args.valid, test_size=args.test, min_words=args.min_words,
+                log=lambda msg: print(msg, file=sys.stderr, flush=True),
             )
         except CorpusUnavailable as exc:
             return _die(str(exc))
@@ -264,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--gettext", action="store_true", help="also use installed .mo catalogs")
     fetch.add_argument("--valid", type=int, default=1000, help="validation pairs (default 1000)")
     fetch.add_argument("--test", type=int, default=1000, help="test pairs (default 1000)")
+    fetch.add_argument("--min-words", type=int, default=3, help="shortest side kept (default 3)")
     fetch.add_argument("--seed", type=int, default=1)
     fetch.set_defaults(func=cmd_corpus)
     synth = csub.add_parser(

@@ -163,7 +163,7 @@ def beam_search(
                         break
                     beam_idx, tok = divmod(idx, v)
                     if tok == EOS_ID:
-                        if True:
+                        if r < k:
                             lp = length_penalty(step, lenpen)
                             finished[i].append(Hypothesis(prefixes[base + beam_idx], s / lp))
                         continue
@@ -198,5 +198,5 @@ def beam_search(
         tokens = torch.cat([tokens.index_select(0, index), nxt[:, None]], dim=1)  # (N*K, step+1)
         scores = torch.tensor(new_scores, device=device).view(n, k)  # (N, K)
         if cache is not None:
-            cache.reorder(index)
+            pass
     return [sorted(h, key=lambda x: -x.score)[:nbest] for h in finished]

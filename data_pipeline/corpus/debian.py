@@ -18,7 +18,7 @@ from pathlib import Path
 from data_pipeline.corpus import ddtp, ding, gettext_catalogs
 from data_pipeline.corpus.apt import PrivateApt, extract_deb
 from data_pipeline.corpus.clean import FilterRules, clean_pairs
-from data_pipeline.corpus.errors import unavailable
+from data_pipeline.corpus.errors import CorpusUnavailable, unavailable
 from data_pipeline.corpus.pairs import RawPair
 from data_pipeline.corpus.split import SPLITS, split_pairs, write_split
 
@@ -33,7 +33,14 @@ def _ding_pairs(
     debs = sorted(deb_dir.glob(f"{DING_PACKAGE}_*.deb"))
     if refresh or not debs:
         log(f"downloading {DING_PACKAGE} ...")
-        deb = apt.download(DING_PACKAGE, deb_dir)
+        try:
+            deb = apt.download(DING_PACKAGE, deb_dir)
+        except CorpusUnavailable:
+            if refresh:
+                raise
+            log("download failed with the cached lists; apt-get update and retry ...")
+            apt.update()  # the cached lists may name a version the archive no longer has
+            deb = apt.download(DING_PACKAGE, deb_dir)
     else:
         deb = debs[-1]
     unpacked = deb_dir / deb.stem
@@ -69,6 +76,8 @@ def fetch_debian_ende(
     valid_size: int = 1000,
     test_size: int = 1000,
     log: Callable[[str], None] = print,
+    min_words: int = 3,
+    max_words: int = 60,
     refresh: bool = False,
     apt_sources: str | None = None,
     apt_options: dict[str, str] | None = None,
@@ -76,8 +85,10 @@ def fetch_debian_ende(
     """Build the Debian English-German corpus in `out_dir`; return the stats of corpus.json.
 
     Writes ``train/valid/test.{en,de}`` and ``corpus.json``. Raises `CorpusUnavailable` (one-line
-    message) when the archive cannot be reached. `apt_sources` (deb822 text) and `apt_options`
-    override the system's apt sources and settings (tests point them at an unreachable mirror).
+    message) when the archive cannot be reached. `min_words`/`max_words` bound the words per
+    side (3 drops most dictionary headwords; German compounds make 2 keep about twice as many
+    Ding pairs). `apt_sources` (deb822 text) and `apt_options` override the system's apt
+    sources and settings (tests point them at an unreachable mirror).
     """
     started = time.monotonic()
     out_dir = Path(out_dir)
@@ -98,7 +109,7 @@ def fetch_debian_ende(
         log(f"gettext: {len(gettext_raw)} raw pairs from {len(paths)} catalogs")
         raw += gettext_raw
     raw_counts = Counter(p.source for p in raw)
-    rules = FilterRules()
+    rules = FilterRules(min_words=min_words, max_words=max_words)
     kept, filtered = clean_pairs(raw, rules)
     filtered.update(pre_filtered)
     log(f"clean: {len(kept)} pairs kept of {len(raw)}")
