@@ -11,7 +11,7 @@ what makes the loader's resume exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -67,7 +67,7 @@ class Batch:
     def __len__(self) -> int:
         return int(self.src.shape[0])
 
-    def _map(self, fn) -> Batch:  # noqa: ANN001 - tensor -> tensor
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in ("src", "tgt_in", "tgt_out"):
             values[name] = fn(values[name])

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from data_pipeline.batching import Batch, Sample, collate, plan_batches
@@ -108,7 +107,9 @@ def slot_plan(
     done: frozenset[str] | set[str] = frozenset(),
 ) -> list[Unit]:
     """Units that ``slot`` processes in ``epoch``: the not-``done`` units dealt round robin."""
-    units = [u for u in epoch_units(n_shards, n_slots, seed, epoch, shuffle) if unit_key(u) not in done]
+    units = [
+        u for u in epoch_units(n_shards, n_slots, seed, epoch, shuffle) if unit_key(u) not in done
+    ]
     return units[slot::n_slots]
 
 
@@ -123,6 +124,10 @@ class _Item:
     worker: int
     pos: dict[str, Any]
     batch: Batch | None
+
+    def pin_memory(self) -> _Item:
+        """Called by the DataLoader's pinning thread (``pin_memory=True``)."""
+        return _Item(self.worker, self.pos, self.batch.pin_memory() if self.batch else None)
 
 
 def _identity(x: Any) -> Any:
@@ -182,7 +187,8 @@ def _read_unit(
     ws = start
     error: str | None = None
     try:
-        for raw in iter_shard(path):
+        # Unit sample number `start` is raw sample `part + start * parts`: seek up to it.
+        for raw in iter_shard(path, skip_before=u[1] + start * u[2]):
             if raw.index % u[2] != u[1]:
                 continue
             k += 1
@@ -233,6 +239,7 @@ def _produce(ctx: _Context, worker: int, slot: int, pos: dict[str, Any]) -> Iter
             base["done"] if base else frozenset(),
         )
         produced = 0
+        fresh = pos["idx"] == 0 and pos["ws"] < 0  # a whole epoch ahead (not a resumed one)
         while pos["idx"] < len(plan):
             u = plan[pos["idx"]]
             if pos["ws"] < 0:
@@ -295,9 +302,13 @@ def _produce(ctx: _Context, worker: int, slot: int, pos: dict[str, Any]) -> Iter
             pos["ws"], pos["bd"] = -1, 0
         pos["epoch"] += 1
         pos["idx"], pos["ws"], pos["bd"] = 0, -1, 0
-        if ctx.end_epoch is None and base is None and produced == 0:
+        if ctx.end_epoch is None and fresh and base is None and produced == 0:
+            # Endless and a whole epoch gave nothing (e.g. every pair too long): stop, don't spin.
             log.warning(
-                "data %s: slot %d produced no batch in epoch %d; stopping it", ctx.split, slot, epoch
+                "data %s: slot %d produced no batch in epoch %d; stopping it",
+                ctx.split,
+                slot,
+                epoch,
             )
             break
     flush()
@@ -326,7 +337,11 @@ class _WorkerDataset(IterableDataset):
 
 def _base_to_json(base: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     return [
-        {"epoch": e, "done": sorted(b["done"]), "partial": {k: list(v) for k, v in b["partial"].items()}}
+        {
+            "epoch": e,
+            "done": sorted(b["done"]),
+            "partial": {k: list(v) for k, v in b["partial"].items()},
+        }
         for e, b in sorted(base.items())
     ]
 
@@ -348,7 +363,9 @@ class TokenBatchStream:
     windows and batch order; pairs longer than ``cfg.max_len`` are skipped on the training
     split only.  ``state_dict``/``load_state_dict`` save and restore the exact position as of
     the last batch the consumer received; :meth:`merge_state_dicts` carries it over to
-    another world size (or worker count).
+    another world size (or worker count).  ``pin_memory`` hands out batches in page-locked
+    memory (set it on CUDA after ``torch.cuda.set_device``, so ``to(non_blocking=True)``
+    overlaps the copy).
     """
 
     def __init__(
@@ -362,6 +379,7 @@ class TokenBatchStream:
         shuffle: bool = True,
         epochs: int | None = None,
         start_epoch: int = 0,
+        pin_memory: bool = False,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
@@ -382,6 +400,7 @@ class TokenBatchStream:
         self.shuffle = shuffle
         self.epochs = epochs
         self.start_epoch = start_epoch
+        self.pin_memory = pin_memory
         self.num_workers = max(1, cfg.num_workers)  # logical producers per rank
         shards = self.manifest["splits"][split]["shards"]
         self.n_shards = len(shards)
@@ -424,12 +443,15 @@ class TokenBatchStream:
                 num_workers=self.cfg.num_workers,
                 collate_fn=_identity,
                 prefetch_factor=2,
+                pin_memory=self.pin_memory,
             )
         for item in items:
             self._positions[item.worker] = item.pos
             self._next = (item.worker + 1) % self.num_workers
             if item.batch is None:
                 continue
+            if self.pin_memory and self.cfg.num_workers == 0:
+                item = item.pin_memory()
             self._last_epoch = item.pos["epoch"]
             yield item.batch
 
@@ -470,7 +492,30 @@ class TokenBatchStream:
             "next": self._next,
             "base": _base_to_json(self._ctx.base),
             "base_counters": copy.deepcopy(self._base_counters),
+            "batching": self._batching(),
         }
+
+    def _batching(self) -> list[int]:
+        """What the cut of a window depends on besides the data (saved with the state)."""
+        c = self._ctx
+        return [c.window, c.max_tokens, c.max_len, c.pad_multiple, c.bucket_width]
+
+    def _replay_windows_if_rebatched(self, d: dict[str, Any]) -> None:
+        """With other batching settings the saved "batches done in this window" counts mean
+        nothing: restart each open window (its samples may repeat; none is skipped)."""
+        if d.get("batching") == self._batching():
+            return
+        log.warning(
+            "data %s: batching settings changed since the state was saved (%s -> %s); "
+            "replaying the open shuffle windows",
+            self.split,
+            d.get("batching"),
+            self._batching(),
+        )
+        for p in self._positions:
+            p["bd"] = 0
+        for b in self._ctx.base.values():
+            b["partial"] = {k: (ws, 0) for k, (ws, _) in b["partial"].items()}
 
     def _check_common(self, d: dict[str, Any]) -> None:
         if not isinstance(d, dict) or d.get("version") != STATE_VERSION:
@@ -504,6 +549,7 @@ class TokenBatchStream:
             self._next = int(d["next"]) % self.num_workers
             self._ctx.base = _base_from_json(d["base"])
             self._base_counters = copy.deepcopy(d["base_counters"])
+            self._replay_windows_if_rebatched(d)
         elif d.get("kind") == "merged":
             old_slots = d["n_slots"]
             new_slots = self._ctx.n_slots
@@ -521,6 +567,7 @@ class TokenBatchStream:
             self._base_counters = (
                 copy.deepcopy(d["counters"]) if self.rank == 0 else _zero_counters()
             )
+            self._replay_windows_if_rebatched(d)
         else:
             raise ValueError(f"data stream state: unknown kind {d.get('kind')!r}")
         self._last_epoch = min(p["epoch"] for p in self._positions)
@@ -597,4 +644,5 @@ class TokenBatchStream:
             "epoch": lo,
             "base": _base_to_json(base),
             "counters": counters,
+            "batching": first.get("batching"),
         }

@@ -204,7 +204,7 @@ def _encode_chunk(job: dict[str, Any]) -> dict[str, Any]:
     writer = ShardWriter(Path(job["out_path"]), job["dtype"])
     n_src = n_tgt = 0
     try:
-        for (i, (src, tgt)), s, t in zip(live, src_ids, tgt_ids):
+        for (i, (src, tgt)), s, t in zip(live, src_ids, tgt_ids, strict=True):
             if clean:
                 # Lengths as the loader sees them: src + EOS, and BOS/EOS + tgt.
                 if len(s) + 1 > max_len or len(t) + 1 > max_len:
@@ -382,7 +382,7 @@ def prepare(
         )
     inputs = {s: resolve_inputs(corpus_dir, s, src_lang, tgt_lang) for s in SPLITS}
     if not inputs["train"]:
-        raise FileNotFoundError(
+        raise ValueError(
             f"{corpus_dir}: no training data (train.{src_lang} + train.{tgt_lang}[.gz] "
             "or train.tsv[.gz])"
         )
@@ -501,6 +501,33 @@ def prepare(
     write_json_atomic(out_dir / MANIFEST_NAME, manifest)
     log(f"prepare: wrote {out_dir / MANIFEST_NAME}")
     return manifest
+
+
+def verify(data_dir: Path, log: Callable[[str], Any] = print) -> list[str]:
+    """Check every shard of ``data_dir``'s manifest against its size and sha256.
+
+    Returns the names of missing or damaged shards (empty: all good), logging one line each.
+    The loader does not hash shards (too slow per epoch); run this after copying a data
+    directory, or let ``prepare`` re-run, which redoes exactly those shards.
+    """
+    from data_pipeline.manifest import read_manifest
+
+    data_dir = Path(data_dir)
+    bad: list[str] = []
+    for split in read_manifest(data_dir)["splits"].values():
+        for shard in split["shards"]:
+            path = data_dir / shard["name"]
+            if not path.is_file():
+                problem = "missing"
+            elif path.stat().st_size != shard["bytes"]:
+                problem = f"{path.stat().st_size} bytes, manifest says {shard['bytes']}"
+            elif sha256_file(path) != shard["sha256"]:
+                problem = "sha256 mismatch"
+            else:
+                continue
+            bad.append(shard["name"])
+            log(f"verify: {path}: {problem}")
+    return bad
 
 
 def _write_split(

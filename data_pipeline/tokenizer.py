@@ -110,7 +110,11 @@ class Tokenizer:
             raise FileNotFoundError(f"{path}: sentencepiece model not found")
         self.path = path
         self._sp = spm.SentencePieceProcessor(model_file=str(path))
-        if self._sp.pad_id() != PAD_ID or self._sp.eos_id() != EOS_ID or self._sp.bos_id() != BOS_ID:
+        if (
+            self._sp.pad_id() != PAD_ID
+            or self._sp.eos_id() != EOS_ID
+            or self._sp.bos_id() != BOS_ID
+        ):
             raise ValueError(f"{path}: special ids differ from pad 0 / unk 1 / bos 2 / eos 3")
 
     @property
@@ -123,11 +127,21 @@ class Tokenizer:
         return self._sp.encode(list(texts), out_type=int)
 
     def decode(self, ids: Sequence[Iterable[int]]) -> list[str]:
-        """Detokenised texts; PAD/BOS/EOS are removed first (UNK stays, shown as ``⁇``).
+        """Detokenised texts, one per row; PAD/BOS/EOS are removed (UNK stays, shown as ``⁇``).
 
-        Accepts lists of ints or 1-D tensors/arrays (anything iterable over ints).
+        A row ends at its first EOS after some content (what a decoder emits after EOS is not
+        part of the sentence).  Rows may be lists of ints or 1-D tensors/arrays.
         """
-        clean = [[int(i) for i in row if int(i) not in SPECIAL_IDS] for row in ids]
+        clean: list[list[int]] = []
+        for row in ids:
+            values = row.tolist() if hasattr(row, "tolist") else [int(i) for i in row]
+            out: list[int] = []
+            for i in values:
+                if i == EOS_ID and out:
+                    break
+                if i not in SPECIAL_IDS:
+                    out.append(i)
+            clean.append(out)
         return self._sp.decode(clean)
 
     def __getstate__(self) -> dict:

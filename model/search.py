@@ -198,5 +198,5 @@ def beam_search(
         tokens = torch.cat([tokens.index_select(0, index), nxt[:, None]], dim=1)  # (N*K, step+1)
         scores = torch.tensor(new_scores, device=device).view(n, k)  # (N, K)
         if cache is not None:
-            pass
+            cache.reorder(index)
     return [sorted(h, key=lambda x: -x.score)[:nbest] for h in finished]

@@ -24,7 +24,7 @@ def make_corpus(
     rng = random.Random(seed)
     en_words = _words(rng, 400)
     de_words = [w[::-1] + rng.choice(["en", "er", "e", ""]) for w in en_words]
-    lexicon = dict(zip(en_words, de_words))
+    lexicon = dict(zip(en_words, de_words, strict=True))
     root.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", train), ("valid", valid), ("test", test)):
         with open(root / f"{split}.en", "w") as fe, open(root / f"{split}.de", "w") as fd:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -42,6 +44,11 @@ def padded_batch(lengths: list[int], vocab: int, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.fixture(autouse=True)
-def _fp32_deterministic() -> None:
+def _single_thread_fp32() -> Iterator[None]:
+    """Seeded, float32 and one intra-op thread: these tensors are tiny, and extra threads
+    only spin (and slow down by 10x or more) when the machine is busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_num_threads(threads)

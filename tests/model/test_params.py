@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from model.config import ModelConfig
 from model.params import count_parameters
@@ -15,7 +16,8 @@ BIG = dict(vocab_size=37000, d_model=1024, n_heads=16, d_ff=4096)
 
 
 def built_counts(cfg: ModelConfig) -> dict[str, int]:
-    model = Transformer(cfg)
+    with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+        model = Transformer(cfg)
     total = sum(p.numel() for p in model.parameters())  # parameters() dedups the shared E
     return {
         "total": total,

@@ -138,3 +138,17 @@ def test_length_limits() -> None:
     assert all(len(y) <= n - 1 for y, n in zip(out, [5, 2], strict=True))
     hyps = beam_search(model, src, beam=3, max_len_a=0.0, max_len_b=7, min_len=7)
     assert [len(h[0].tokens) for h in hyps] == [6, 6]
+
+
+def test_exact_stopping_is_never_worse_than_early_stopping() -> None:
+    # A strong length penalty rewards long outputs, so stopping at the first `beam` finished
+    # hypotheses (early_stop) can miss better ones that the exact bound keeps searching for.
+    gains: list[float] = []
+    for seed, boost in ((0, 1.0), (5, 1.5)):
+        model = eos_happy_model(seed, eos_boost=boost)
+        src = padded_batch([7, 3, 5, 9, 2], vocab=40, seed=seed)
+        early = beam_search(model, src, beam=2, lenpen=4.0, max_len_b=4)
+        exact = beam_search(model, src, beam=2, lenpen=4.0, max_len_b=4, early_stop=False)
+        gains += [b[0].score - a[0].score for a, b in zip(early, exact, strict=True)]
+    assert min(gains) > -1e-6
+    assert max(gains) > 0.1

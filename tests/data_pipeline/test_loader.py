@@ -1,0 +1,343 @@
+"""TokenBatchStream: budget and padding, coverage across ranks, exact resume (same and other
+world size), damaged shards, manifest errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_pipeline.loader import Batch, TokenBatchStream, read_manifest
+from data_pipeline.shards import ShardReadError, iter_shard
+from data_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tests.data_pipeline.conftest import data_cfg
+
+
+def all_keys(data_dir: Path, split: str) -> list[str]:
+    m = read_manifest(data_dir)
+    return [s.key for sh in m["splits"][split]["shards"] for s in iter_shard(data_dir / sh["name"])]
+
+
+def run(stream: TokenBatchStream, limit: int | None = None) -> list[Batch]:
+    out = []
+    for b in stream:
+        out.append(b)
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def same(a: list[Batch], b: list[Batch]) -> bool:
+    return len(a) == len(b) and all(
+        torch.equal(x.src, y.src)
+        and torch.equal(x.tgt_in, y.tgt_in)
+        and torch.equal(x.tgt_out, y.tgt_out)
+        and x.keys == y.keys
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def padding(batches: list[Batch]) -> float:
+    real = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)
+    return 1 - real / sum(b.src.numel() + b.tgt_out.numel() for b in batches)
+
+
+def test_budget_padding_and_conventions(prepared: Path) -> None:
+    cfg = data_cfg(max_tokens=512, shuffle_buffer=500, num_workers=0)
+    batches = run(TokenBatchStream(prepared, "train", cfg, epochs=1))
+    for b in batches:
+        bsz, s = b.src.shape  # (B, S)
+        t = b.tgt_in.shape[1]  # (B, T)
+        assert b.tgt_out.shape == (bsz, t)
+        assert s % 8 == 0 and t % 8 == 0
+        assert bsz * max(s, t) <= cfg.max_tokens
+        assert b.src.dtype == torch.int64
+        assert (b.tgt_in[:, 0] == BOS_ID).all()
+        # tgt_in shifted left == tgt_out without its EOS
+        lens = (b.tgt_out != PAD_ID).sum(1)
+        for row, n in enumerate(lens.tolist()):
+            assert b.tgt_out[row, n - 1] == EOS_ID
+            assert torch.equal(b.tgt_in[row, 1:n], b.tgt_out[row, : n - 1])
+        src_lens = (b.src != PAD_ID).sum(1)
+        assert all(b.src[r, n - 1] == EOS_ID for r, n in enumerate(src_lens.tolist()))
+        assert b.n_src_tokens == int(src_lens.sum())
+        assert b.n_tgt_tokens == int(lens.sum())
+        assert len(b.keys) == len(b.src_text) == len(b.tgt_text) == bsz
+    # Length bucketing keeps padding low: rounding to 8 alone costs ~15% at these short
+    # lengths; one big bucket (no length sorting) wastes over half.
+    unsorted = data_cfg(max_tokens=512, shuffle_buffer=500, num_workers=0, bucket_width=1000)
+    baseline = padding(run(TokenBatchStream(prepared, "train", unsorted, epochs=1)))
+    assert padding(batches) < 0.25
+    assert padding(batches) < 0.5 * baseline
+    assert sum(len(b) for b in batches) == read_manifest(prepared)["splits"]["train"]["samples"]
+
+
+def test_batch_to_device(prepared: Path) -> None:
+    b = run(TokenBatchStream(prepared, "valid", data_cfg(num_workers=0), shuffle=False), 1)[0]
+    c = b.to("cpu", non_blocking=True)
+    assert torch.equal(c.src, b.src) and c.keys == b.keys and c.n_tgt_tokens == b.n_tgt_tokens
+
+
+def test_epoch_union_across_ranks_is_the_manifest(prepared: Path) -> None:
+    cfg = data_cfg()
+    keys: list[str] = []
+    seen = 0
+    for rank in range(2):
+        s = TokenBatchStream(prepared, "train", cfg, rank=rank, world_size=2, epochs=1)
+        for b in s:
+            keys += b.keys
+        st = s.stats()
+        assert st["epoch"] == 1 and st["samples_skipped_long"] == 0 and st["bad_shards"] == []
+        seen += st["samples_seen"]
+    expected = all_keys(prepared, "train")
+    assert len(keys) == len(set(keys)) == seen
+    assert sorted(keys) == sorted(expected)
+
+
+def test_deterministic_and_epochs_differ(prepared: Path) -> None:
+    cfg = data_cfg(num_workers=0)
+    a = run(TokenBatchStream(prepared, "train", cfg), 15)
+    b = run(TokenBatchStream(prepared, "train", cfg), 15)
+    c = run(TokenBatchStream(prepared, "train", cfg, start_epoch=1), 15)
+    assert same(a, b)
+    assert not same(a, c)
+
+
+def test_max_len_skips_train_only(prepared: Path) -> None:
+    cfg = data_cfg(max_len=24, max_tokens=512, num_workers=0)
+    s = TokenBatchStream(prepared, "train", cfg, epochs=1)
+    batches = run(s)
+    assert all(b.src.shape[1] <= 24 and b.tgt_in.shape[1] <= 24 for b in batches)
+    st = s.stats()
+    total = read_manifest(prepared)["splits"]["train"]["samples"]
+    assert st["samples_skipped_long"] > 0
+    assert st["samples_seen"] + st["samples_skipped_long"] == total
+    v = TokenBatchStream(prepared, "valid", cfg, shuffle=False, epochs=1)
+    assert sum(len(b) for b in v) == 150 and v.stats()["samples_skipped_long"] == 0
+
+
+@pytest.mark.parametrize("world_size,workers", [(2, 2), (3, 1)])
+def test_valid_split_covers_everything_once(prepared: Path, world_size: int, workers: int) -> None:
+    # One valid shard, fewer than the producer slots: split by sample index.
+    cfg = data_cfg(num_workers=workers, max_len=16)
+    per_rank = []
+    for rank in range(world_size):
+        s = TokenBatchStream(
+            prepared, "valid", cfg, rank=rank, world_size=world_size, shuffle=False, epochs=1
+        )
+        per_rank.append([k for b in s for k in b.keys])
+    assert all(per_rank)
+    keys = [k for r in per_rank for k in r]
+    assert Counter(keys) == Counter(all_keys(prepared, "valid"))
+
+
+@pytest.mark.parametrize("workers,k", [(2, 7), (0, 12)])
+def test_resume_is_exact(prepared: Path, workers: int, k: int) -> None:
+    cfg = data_cfg(num_workers=workers)
+    for rank in range(2):
+        s = TokenBatchStream(prepared, "train", cfg, rank=rank, world_size=2)
+        it = iter(s)
+        for _ in range(k + rank):
+            next(it)
+        state = json.loads(json.dumps(s.state_dict()))  # JSON round trip
+        assert len(json.dumps(state)) < 4000
+        expected = [next(it) for _ in range(20)]
+        del it
+        again = TokenBatchStream(prepared, "train", cfg, rank=rank, world_size=2)
+        again.load_state_dict(state)
+        assert same(run(again, 20), expected)
+
+
+def test_resume_across_epoch_boundary_endless(prepared: Path) -> None:
+    cfg = data_cfg(max_tokens=2048, shuffle_buffer=300)
+    s = TokenBatchStream(prepared, "train", cfg)
+    it = iter(s)
+    n = 0
+    while s.stats()["worker_epochs"] == [0, 0]:
+        next(it)
+        n += 1
+    state = s.state_dict()
+    expected = [next(it) for _ in range(20)]
+    del it
+    again = TokenBatchStream(prepared, "train", cfg)
+    again.load_state_dict(state)
+    assert same(run(again, 20), expected)
+    assert n > 10
+
+
+def test_resume_on_another_world_size(prepared: Path) -> None:
+    """2 ranks x 2 workers stop mid-epoch (one rank already in epoch 1), 3 ranks x 1 worker and
+    then 1 rank x 3 workers finish: over the two epochs every sample comes exactly twice."""
+    keys: list[str] = []
+    cfg = data_cfg()
+    states = []
+    for rank, k in ((0, 9), (1, 95)):
+        s = TokenBatchStream(prepared, "train", cfg, rank=rank, world_size=2, epochs=2)
+        it = iter(s)
+        for _ in range(k):
+            keys += next(it).keys
+        states.append(s.state_dict())
+        del it
+    assert max(max(st["workers"], key=lambda w: w["epoch"])["epoch"] for st in states) == 1
+    merged = json.loads(json.dumps(TokenBatchStream.merge_state_dicts(states)))
+    states = []
+    for rank in range(3):
+        s = TokenBatchStream(
+            prepared, "train", data_cfg(num_workers=1), rank=rank, world_size=3, epochs=2
+        )
+        s.load_state_dict(merged)
+        keys += [k for b in run(s, 12) for k in b.keys]
+        states.append(s.state_dict())
+    merged = TokenBatchStream.merge_state_dicts(states)
+    last = TokenBatchStream(prepared, "train", data_cfg(num_workers=3), epochs=2)
+    last.load_state_dict(merged)
+    keys += [k for b in last for k in b.keys]
+    counts = Counter(keys)
+    assert set(counts) == set(all_keys(prepared, "train"))
+    assert set(counts.values()) == {2}
+    assert last.stats()["samples_seen"] == len(keys)
+
+
+def test_state_errors(prepared: Path) -> None:
+    cfg = data_cfg(num_workers=1)
+    s = TokenBatchStream(prepared, "train", cfg, rank=0, world_size=2)
+    run(s, 3)
+    other = TokenBatchStream(prepared, "train", cfg, rank=0, world_size=4)
+    with pytest.raises(ValueError, match=r"world size 2 .* world size 4") as exc:
+        other.load_state_dict(s.state_dict())
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ValueError, match="all 2 ranks"):
+        TokenBatchStream.merge_state_dicts([s.state_dict()])
+    # The single valid shard is split by sample across slots: another world size cannot
+    # continue it mid-epoch.
+    vs = []
+    for rank in range(2):
+        v = TokenBatchStream(prepared, "valid", cfg, rank=rank, world_size=2, shuffle=False)
+        run(v, 2)
+        vs.append(v.state_dict())
+    v3 = TokenBatchStream(prepared, "valid", cfg, rank=0, world_size=3, shuffle=False)
+    with pytest.raises(ValueError, match="world size 2 on world size 3"):
+        v3.load_state_dict(TokenBatchStream.merge_state_dicts(vs))
+
+
+def _rewrite(path: Path, fn: Callable[[str, bytes], bytes]) -> None:
+    with tarfile.open(path) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for m, data in members:
+            data = fn(m.name, data)
+            m.size = len(data)
+            tar.addfile(m, io.BytesIO(data))
+
+
+def _damage(data_dir: Path) -> tuple[set[str], int]:
+    """Truncate one shard mid-member, scramble a header in another, break one sample's bytes
+    in a third; returns (names of the damaged shards, samples no longer readable)."""
+    shards = read_manifest(data_dir)["splits"]["train"]["shards"]
+    # 1. truncated in the middle of the file (tar error part-way)
+    p1 = data_dir / shards[1]["name"]
+    p1.write_bytes(p1.read_bytes()[: p1.stat().st_size // 2 + 100])
+    # 2. a garbage header block two thirds in (tarfile just stops there)
+    p3 = data_dir / shards[3]["name"]
+    raw = bytearray(p3.read_bytes())
+    with tarfile.open(p3) as tar:
+        members = tar.getmembers()
+    offset = members[len(members) * 2 // 3 + 1].offset  # a tgt.ids member: leaves a partial sample
+    raw[offset : offset + 512] = b"\xff" * 512
+    p3.write_bytes(bytes(raw))
+    # 3. one sample with an odd number of id bytes (sample-level damage; the shard stays good)
+    p4 = data_dir / shards[4]["name"]
+    key = next(iter_shard(p4)).key
+    _rewrite(p4, lambda n, d: d[:-1] if n == f"{key}.tgt.ids" else d)
+
+    def complete(p: Path) -> int:
+        n = 0
+        try:
+            for s in iter_shard(p):
+                n += len(s.parts) == 4
+        except ShardReadError:
+            pass
+        return n
+
+    lost = sum(shards[i]["samples"] - complete(p) for i, p in ((1, p1), (3, p3))) + 1
+    return {shards[1]["name"], shards[3]["name"]}, lost
+
+
+def test_damaged_shards_are_skipped_and_counted(
+    prepared_copy: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad, lost = _damage(prepared_copy)
+    total = read_manifest(prepared_copy)["splits"]["train"]["samples"]
+    for world_size, workers in ((2, 2), (1, 0)):
+        seen = skipped = corrupt = 0
+        bad_named: set[str] = set()
+        keys: list[str] = []
+        with caplog.at_level(logging.WARNING, logger="data_pipeline.loader"):
+            for rank in range(world_size):
+                s = TokenBatchStream(
+                    prepared_copy,
+                    "train",
+                    data_cfg(num_workers=workers),
+                    rank=rank,
+                    world_size=world_size,
+                    epochs=1,
+                )
+                keys += [k for b in s for k in b.keys]
+                st = s.stats()
+                seen += st["samples_seen"]
+                skipped += st["samples_skipped_corrupt"] + st["samples_skipped_long"]
+                corrupt += st["samples_skipped_corrupt"]
+                bad_named |= set(st["bad_shards"])
+        assert bad_named == bad
+        assert seen == len(keys) == len(set(keys))
+        assert seen + skipped == total
+        assert corrupt == lost > 1
+    assert any("train-000001" in r.getMessage() for r in caplog.records)  # num_workers=0 run
+
+
+def test_resume_inside_damaged_epoch_keeps_accounting(prepared_copy: Path) -> None:
+    _damage(prepared_copy)
+    total = read_manifest(prepared_copy)["splits"]["train"]["samples"]
+    cfg = data_cfg(num_workers=2)
+    s = TokenBatchStream(prepared_copy, "train", cfg, epochs=1)
+    first = run(s, 40)
+    s2 = TokenBatchStream(prepared_copy, "train", cfg, epochs=1)
+    s2.load_state_dict(s.state_dict())
+    rest = run(s2)
+    st = s2.stats()
+    assert st["samples_seen"] == sum(len(b) for b in first + rest)
+    assert st["samples_seen"] + st["samples_skipped_corrupt"] + st["samples_skipped_long"] == total
+
+
+def test_manifest_errors(tmp_path: Path, prepared: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="manifest not found"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match="invalid manifest: not JSON"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"version": 2}))
+    with pytest.raises(ValueError, match="invalid manifest: version"):
+        read_manifest(tmp_path)
+    with pytest.raises(ValueError, match="split 'dev' not prepared"):
+        TokenBatchStream(prepared, "dev", data_cfg())
+
+
+def test_resume_with_other_batching_skips_nothing(prepared: Path) -> None:
+    """A smaller max_tokens after a resume (e.g. after an OOM) replays the open windows:
+    samples may repeat, none is lost."""
+    s = TokenBatchStream(prepared, "train", data_cfg(num_workers=0), epochs=1)
+    keys = [k for b in run(s, 30) for k in b.keys]
+    smaller = TokenBatchStream(prepared, "train", data_cfg(num_workers=0, max_tokens=256), epochs=1)
+    smaller.load_state_dict(s.state_dict())
+    rest = run(smaller)
+    assert all(len(b) * max(b.src.shape[1], b.tgt_in.shape[1]) <= 256 for b in rest)
+    keys += [k for b in rest for k in b.keys]
+    assert set(keys) == set(all_keys(prepared, "train"))
+    assert len(keys) - len(set(keys)) <= 100  # at most one window (shuffle_buffer) again
