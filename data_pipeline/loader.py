@@ -572,6 +572,27 @@ class TokenBatchStream:
             raise ValueError(f"data stream state: unknown kind {d.get('kind')!r}")
         self._last_epoch = min(p["epoch"] for p in self._positions)
 
+    def load_state_dicts(self, states: list[dict[str, Any]]) -> None:
+        """Resume from the states of *all* ranks of the previous run, whatever its world size:
+        this rank's own state when the world (size and workers) is unchanged, else their merge.
+
+        Convenience for a trainer that can read every old rank's state on every new rank.
+        """
+        if not states:
+            raise ValueError("load_state_dicts: no states given")
+        same = [
+            s
+            for s in states
+            if s.get("kind") == "rank"
+            and s.get("world_size") == self.world_size
+            and s.get("num_workers") == self.num_workers
+            and s.get("rank") == self.rank
+        ]
+        if len(same) == 1 and len(states) == self.world_size:
+            self.load_state_dict(same[0])
+        else:
+            self.load_state_dict(self.merge_state_dicts(states))
+
     @staticmethod
     def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
         """Merge the states of *all* ranks of one world into a world-size-free state.

@@ -274,6 +274,8 @@ def _progress_bar(enabled: bool | None, total: int, desc: str) -> Any:
                 pass
 
         return _Null()
+    # No monitor thread: encoder processes are forked later, and forking with threads is unsafe.
+    tqdm.monitor_interval = 0
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, dynamic_ncols=True)
 
 

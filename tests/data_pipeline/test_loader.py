@@ -341,3 +341,28 @@ def test_resume_with_other_batching_skips_nothing(prepared: Path) -> None:
     keys += [k for b in rest for k in b.keys]
     assert set(keys) == set(all_keys(prepared, "train"))
     assert len(keys) - len(set(keys)) <= 100  # at most one window (shuffle_buffer) again
+
+
+def test_load_state_dicts_picks_own_or_merges(prepared: Path) -> None:
+    cfg = data_cfg(num_workers=1)
+    old = []
+    for rank in range(2):
+        s = TokenBatchStream(prepared, "train", cfg, rank=rank, world_size=2, epochs=1)
+        run(s, 5 + rank)
+        old.append(s.state_dict())
+    same = TokenBatchStream(prepared, "train", cfg, rank=1, world_size=2, epochs=1)
+    same.load_state_dicts(old)
+    assert same.state_dict()["workers"] == old[1]["workers"]
+    keys = [k for st in old for k in ()]  # nothing: counts come from stats
+    total = 0
+    for rank in range(3):
+        s = TokenBatchStream(prepared, "train", cfg, rank=rank, world_size=3, epochs=1)
+        s.load_state_dicts(old)
+        keys += [k for b in s for k in b.keys]
+        total += s.stats()["samples_seen"]
+    assert total == read_manifest(prepared)["splits"]["train"]["samples"]
+    assert (
+        len(keys)
+        == len(set(keys))
+        == total - sum(st["workers"][0]["counters"]["samples_seen"] for st in old)
+    )
