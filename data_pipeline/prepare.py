@@ -412,14 +412,18 @@ def prepare(
         tmp.unlink()
     progress_path = out_dir / PROGRESS_NAME
     records = _load_progress(out_dir, params)
-    if not records:
-        if progress_path.exists() or any(shard_dir.glob("*.tar")):
-            log(f"prepare: starting {out_dir} over (no matching earlier progress)")
+
+    def start_over() -> None:
         for old in shard_dir.glob("*.tar"):
             old.unlink()
         (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
         with open(progress_path, "w", encoding="utf-8") as f:
             f.write(json.dumps({"kind": "params", **params}) + "\n")
+
+    if not records:
+        if progress_path.exists() or any(shard_dir.glob("*.tar")):
+            log(f"prepare: starting {out_dir} over (no matching earlier progress)")
+        start_over()
 
     # 1. Tokenizer (shared by both languages), trained on a bounded sample of the train split.
     spm_path = out_dir / "spm.model"
@@ -444,7 +448,9 @@ def prepare(
         finally:
             sample_path.unlink(missing_ok=True)
         # Shards encoded with an older model are invalid now.
-        records = {k: v for k, v in records.items() if k == "spm"}
+        if records:
+            start_over()
+        records = {}
         _append(progress_path, {"id": "spm", "sha256": sha256_file(spm_path)})
     tok = Tokenizer(spm_path)
     dtype = dtype_for(tok.vocab_size)

@@ -129,15 +129,15 @@ class Tokenizer:
     def decode(self, ids: Sequence[Iterable[int]]) -> list[str]:
         """Detokenised texts, one per row; PAD/BOS/EOS are removed (UNK stays, shown as ``⁇``).
 
-        A row ends at its first EOS after some content (what a decoder emits after EOS is not
-        part of the sentence).  Rows may be lists of ints or 1-D tensors/arrays.
+        A row ends at its first EOS (what a decoder emits after EOS is not part of the
+        sentence).  Rows may be lists of ints or 1-D tensors/arrays.
         """
         clean: list[list[int]] = []
         for row in ids:
             values = row.tolist() if hasattr(row, "tolist") else [int(i) for i in row]
             out: list[int] = []
             for i in values:
-                if i == EOS_ID and out:
+                if i == EOS_ID:
                     break
                 if i not in SPECIAL_IDS:
                     out.append(i)

@@ -39,8 +39,12 @@ def cmd_corpus(args: argparse.Namespace) -> int:
     elif args.name == "debian-ende":
         try:
             stats = fetch_debian_ende(
-                out, include_gettext=args.gettext, seed=args.seed,
-                valid_size=args.valid, test_size=args.test, min_words=args.min_words,
+                out,
+                include_gettext=args.gettext,
+                seed=args.seed,
+                valid_size=args.valid,
+                test_size=args.test,
+                min_words=args.min_words,
                 log=lambda msg: print(msg, file=sys.stderr, flush=True),
             )
         except CorpusUnavailable as exc:
@@ -71,8 +75,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         return _die(f"--workers must be >= 1, got {args.workers}")
     try:
         manifest = prepare(
-            corpus, Path(args.out_dir), vocab_size=vocab_size, src_lang=args.src,
-            tgt_lang=args.tgt, workers=args.workers, seed=args.seed,
+            corpus,
+            Path(args.out_dir),
+            vocab_size=vocab_size,
+            src_lang=args.src,
+            tgt_lang=args.tgt,
+            workers=args.workers,
+            seed=args.seed,
         )
     except ValueError as exc:
         return _die(str(exc).splitlines()[0])
@@ -85,8 +94,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import os
+
     from launch.config import check_data_dir, load_config, to_dict, to_yaml
-    from launch.local import inside_torchrun, run_torchrun
+    from launch.local import inside_torchrun, run_torchrun, use_cuda
+    from trainer.checkpoint import write_atomic
 
     job = load_config(args.config, args.overrides)
     if args.run_dir:
@@ -96,30 +108,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_data_dir(job)
     run_dir = job.run_dir().resolve()
     job.run.dir = str(run_dir)
+    is_main = os.environ.get("RANK", "0") == "0"
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / "config.yaml", to_yaml(job))
+    if not inside_torchrun() and args.nproc > 1:
+        return run_torchrun(
+            args.nproc, run_dir / "config.yaml", run_dir, use_cuda(job.train.device)
+        )
 
-    if inside_torchrun() or args.nproc == 1:
-        from trainer.checkpoint import write_atomic
-        from trainer.loop import train
+    from trainer.loop import train
 
-        if not inside_torchrun() or int(__import__("os").environ.get("RANK", "0")) == 0:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(run_dir / "config.yaml", to_yaml(job))
-        summary = train(job, run_dir, to_dict(job))
-        if summary:
-            from trainer.checkpoint import write_atomic as write
-
-            write(run_dir / "summary.json", json.dumps(summary, indent=1))
-            print("summary: " + json.dumps(summary), flush=True)
-        return 0
-
-    import torch
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    from trainer.checkpoint import write_atomic
-
-    write_atomic(run_dir / "config.yaml", to_yaml(job))
-    use_cuda = job.train.device == "cuda" or (job.train.device == "auto" and torch.cuda.is_available())
-    return run_torchrun(args.nproc, run_dir / "config.yaml", run_dir, use_cuda)
+    summary = train(job, run_dir, to_dict(job))
+    if summary:
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))
+        print("summary: " + json.dumps(summary), flush=True)
+    return 0
 
 
 # ------------------------------------------------------------------------ translate / eval
@@ -155,11 +159,16 @@ def cmd_translate(args: argparse.Namespace) -> int:
     results = translator.translate(
         lines, beam=args.beam, lenpen=args.lenpen, nbest=args.nbest, max_tokens=args.max_tokens
     )
-    out = Path(args.output).open("w") if args.output else sys.stdout
-    for i, nbest in enumerate(results):
-        for text, score in nbest:
-            out.write(f"{i}\t{score:.4f}\t{text}\n" if args.nbest > 1 else text + "\n")
-    out.flush()
+    rows = [
+        f"{i}\t{score:.4f}\t{text}\n" if args.nbest > 1 else text + "\n"
+        for i, nbest in enumerate(results)
+        for text, score in nbest
+    ]
+    if args.output:
+        Path(args.output).write_text("".join(rows))
+    else:
+        sys.stdout.writelines(rows)
+        sys.stdout.flush()
     return 0
 
 
@@ -287,7 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prep.add_argument("corpus_dir")
     prep.add_argument("out_dir")
-    prep.add_argument("--config", help="take the vocabulary size from this config's data.vocab_size")
+    prep.add_argument(
+        "--config", help="take the vocabulary size from this config's data.vocab_size"
+    )
     prep.add_argument("--vocab-size", type=int, help="sentencepiece pieces (default 37000)")
     prep.add_argument("--src", default="en")
     prep.add_argument("--tgt", default="de")
@@ -327,7 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--limit", type=int, default=0, help="first N sentences only")
             sp.set_defaults(func=cmd_evaluate, nbest=1)
 
-    status = sub.add_parser("status", help="last step, checkpoint, tokens/s, losses and BLEU of a run")
+    status = sub.add_parser(
+        "status", help="last step, checkpoint, tokens/s, losses and BLEU of a run"
+    )
     status.add_argument("run_dir")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)

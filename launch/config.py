@@ -69,7 +69,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             try:
                 layers.append(OmegaConf.load(p))
             except Exception as exc:  # yaml syntax errors come in several types
-                raise ConfigError("--config", f"cannot parse {p}: {str(exc).splitlines()[0]}")
+                raise ConfigError(
+                    "--config", f"cannot parse {p}: {str(exc).splitlines()[0]}"
+                ) from None
         for item in overrides or []:
             if "=" not in item:
                 raise ConfigError(item, "overrides take the form key=value")

@@ -41,3 +41,10 @@ def run_torchrun(nproc: int, config_file: Path, run_dir: Path, use_cuda: bool) -
     """Run torchrun in the foreground and return its exit code."""
     cmd = torchrun_command(nproc, config_file, run_dir)
     return subprocess.call(cmd, env=child_env(use_cuda))
+
+
+def use_cuda(device: str) -> bool:
+    """Whether `train.device` resolves to CUDA on this machine."""
+    import torch
+
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())

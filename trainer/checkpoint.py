@@ -134,9 +134,7 @@ def save(
     return tag
 
 
-def load(
-    engine: Any, ckpt_dir: Path, tag: str, rank: int
-) -> tuple[dict[str, Any], dict[str, Any]]:
+def load(engine: Any, ckpt_dir: Path, tag: str, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load engine, optimizer and scheduler states; returns (client_state, this rank's state)."""
     path, client_state = engine.load_checkpoint(
         str(ckpt_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True

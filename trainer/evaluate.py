@@ -46,15 +46,20 @@ def validation_loss(
 ) -> dict[str, float]:
     """Label-smoothed loss and perplexity (from the NLL) per target token over the valid split."""
     stream = TokenBatchStream(
-        data_dir, "valid", data_cfg, rank=env.rank, world_size=env.world_size,
-        shuffle=False, epochs=1,
+        data_dir,
+        "valid",
+        data_cfg,
+        rank=env.rank,
+        world_size=env.world_size,
+        shuffle=False,
+        epochs=1,
     )
     totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss, nll, tokens
     first = None
     engine.eval()
     local = iter(stream)
     if max_batches:
-        local = (b for i, b in zip(range(max_batches), stream))
+        local = (b for i, b in zip(range(max_batches), stream, strict=False))
     for batch in _lockstep(local, env.device):
         if batch is None:
             if first is None or engine.zero_optimization_stage() < 3:
@@ -87,8 +92,13 @@ def validation_bleu(
 ) -> dict[str, float]:
     """Greedy-decode the first `samples` validation pairs, sharded by rank, scored on rank 0."""
     stream = TokenBatchStream(
-        data_dir, "valid", data_cfg, rank=env.rank, world_size=env.world_size,
-        shuffle=False, epochs=1,
+        data_dir,
+        "valid",
+        data_cfg,
+        rank=env.rank,
+        world_size=env.world_size,
+        shuffle=False,
+        epochs=1,
     )
     per_rank = math.ceil(samples / env.world_size)
     hyps: list[str] = []

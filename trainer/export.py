@@ -53,7 +53,9 @@ def write_export(
 def export_checkpoint(tag_dir: Path, out_dir: Path, spm_model: Path) -> Path:
     """Export one checkpoint directory (as written by trainer.checkpoint.save)."""
     meta = json.loads((tag_dir / META).read_text())
-    write_export(out_dir, consolidated_state_dict(tag_dir), meta["model"], meta["config"], spm_model)
+    write_export(
+        out_dir, consolidated_state_dict(tag_dir), meta["model"], meta["config"], spm_model
+    )
     return out_dir
 
 

@@ -36,7 +36,7 @@ class Translator:
         max_tokens: int = 4096,
     ) -> list[list[tuple[str, float]]]:
         """Each input line's n-best list of (detokenised text, score), in input order."""
-        ids = [seq + [EOS_ID] for seq in self.tokenizer.encode(lines)]
+        ids = [[*seq, EOS_ID] for seq in self.tokenizer.encode(lines)]
         results: list[list[tuple[str, float]]] = [[] for _ in lines]
         with torch.inference_mode():
             for chunk in token_batches(ids, max_tokens):
@@ -44,11 +44,12 @@ class Translator:
                 src = torch.full((len(chunk), longest), PAD_ID, dtype=torch.long)  # (B, S)
                 for row, i in enumerate(chunk):
                     src[row, : len(ids[i])] = torch.tensor(ids[i])
-                hyps = beam_search(self.model, src.to(self.device), beam=beam, lenpen=lenpen,
-                                   nbest=nbest)
+                hyps = beam_search(
+                    self.model, src.to(self.device), beam=beam, lenpen=lenpen, nbest=nbest
+                )
                 for row, i in enumerate(chunk):
                     texts = self.tokenizer.decode([h.tokens for h in hyps[row]])
-                    results[i] = [(t, h.score) for t, h in zip(texts, hyps[row])]
+                    results[i] = [(t, h.score) for t, h in zip(texts, hyps[row], strict=False)]
         return results
 
 

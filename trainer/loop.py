@@ -101,8 +101,12 @@ def open_sinks(
         try:
             sinks.append(
                 WandbSink(
-                    run_dir, job.logging.wandb, job.logging.wandb_project,
-                    run_dir.name, progress.wandb_id, resolved,
+                    run_dir,
+                    job.logging.wandb,
+                    job.logging.wandb_project,
+                    run_dir.name,
+                    progress.wandb_id,
+                    resolved,
                 )
             )
         except Exception as exc:
@@ -214,7 +218,11 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
 
     def evaluate(with_bleu: bool) -> dict[str, float]:
         out = validation_loss(
-            engine, data_dir, job.data, env, model_cfg.label_smoothing,
+            engine,
+            data_dir,
+            job.data,
+            env,
+            model_cfg.label_smoothing,
             job.train.eval_max_batches,
         )
         if with_bleu:

@@ -59,8 +59,12 @@ class JsonlSink:
 
     def write(self, step: int, values: dict[str, float]) -> None:
         record = {"step": step, "time": round(time.time(), 3)}
-        record.update({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                       for k, v in values.items()})
+        record.update(
+            {
+                k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in values.items()
+            }
+        )
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
 

@@ -273,3 +273,24 @@ def test_shard_reader_agrees_with_webdataset_and_tarfile_formats(
                 tar.addfile(info, io.BytesIO(data))
         got = list(iter_shard(other))
         assert [(s.key, sorted(s.parts)) for s in got] == [(long_key, ["src.ids", "tgt.ids"])]
+
+
+def test_lost_tokenizer_redoes_every_shard(prepared_copy: Path, corpus_dir: Path) -> None:
+    before = read_manifest(prepared_copy)
+    (prepared_copy / "spm.model").unlink()
+    lines: list[str] = []
+    after = prepare(
+        corpus_dir,
+        prepared_copy,
+        vocab_size=VOCAB,
+        shard_samples=SHARD_SAMPLES,
+        workers=2,
+        max_len=MAX_LEN,
+        log=lines.append,
+    )
+    assert any("training sentencepiece" in line for line in lines)
+    assert any("train:" in line and "(0 verified" in line for line in lines)
+    # Training is deterministic (same sample, same seed): same pieces, same shards.
+    assert [s["sha256"] for s in after["splits"]["train"]["shards"]] == [
+        s["sha256"] for s in before["splits"]["train"]["shards"]
+    ]

@@ -27,6 +27,7 @@ def test_round_trip_and_specials(prepared: Path, corpus_dir: Path) -> None:
     assert tok.decode([torch.tensor(noisy[0])]) == texts[:1]
     # Decoder output: whatever follows the EOS is not part of the sentence.
     assert tok.decode([[BOS_ID, *ids[0], EOS_ID, *ids[1], PAD_ID]]) == texts[:1]
+    assert tok.decode([[BOS_ID, EOS_ID, *ids[1]]]) == [""]
     assert tok._sp.id_to_piece(UNK_ID) == "<unk>"
 
 

@@ -47,7 +47,15 @@ def synthetic_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("synthetic")
     corpus, data = base / "corpus", base / "data"
     proc = paperscale(
-        "corpus", "synthetic", str(corpus), "--train", "3000", "--valid", "64", "--test", "64",
+        "corpus",
+        "synthetic",
+        str(corpus),
+        "--train",
+        "3000",
+        "--valid",
+        "64",
+        "--test",
+        "64",
         cwd=base,
     )
     assert proc.returncode == 0, proc.stderr

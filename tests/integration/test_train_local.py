@@ -20,10 +20,22 @@ def metrics(run_dir: Path) -> list[dict]:
 def test_two_ranks_train_resume_translate_evaluate(synthetic_data: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     common = [
-        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "2",
-        "--run-dir", str(run_dir), f"data.dir={synthetic_data}", *TINY_MODEL,
-        "train.grad_accum=2", "train.zero_stage=2", "train.precision=bf16",
-        "train.log_every=2", "train.eval_every=4", "train.save_every=4", "train.bleu_samples=16",
+        "train",
+        "--config",
+        str(ROOT / "configs/tiny.yaml"),
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        f"data.dir={synthetic_data}",
+        *TINY_MODEL,
+        "train.grad_accum=2",
+        "train.zero_stage=2",
+        "train.precision=bf16",
+        "train.log_every=2",
+        "train.eval_every=4",
+        "train.save_every=4",
+        "train.bleu_samples=16",
     ]
     proc = paperscale(*common, "train.max_steps=8", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -31,7 +43,9 @@ def test_two_ranks_train_resume_translate_evaluate(synthetic_data: Path, tmp_pat
     records = metrics(run_dir)
     steps = [r["step"] for r in records]
     assert steps == sorted(set(steps)) and steps[-1] == 8
-    assert all(r["loss"] > 0 and r["lr"] > 0 and r["tokens_per_s"] > 0 for r in records if "loss" in r)
+    assert all(
+        r["loss"] > 0 and r["lr"] > 0 and r["tokens_per_s"] > 0 for r in records if "loss" in r
+    )
     final = records[-1]
     assert "valid_loss" in final and "bleu" in final
     assert (run_dir / "checkpoints/latest").read_text().strip() == "step_00000008"
@@ -51,12 +65,22 @@ def test_two_ranks_train_resume_translate_evaluate(synthetic_data: Path, tmp_pat
 
     # Translate from stdin and evaluate the test split.
     lines = ["a b c", "d e f g"]
-    proc = paperscale("translate", str(run_dir), "--beam", "2", stdin="\n".join(lines) + "\n",
-                      cwd=tmp_path)
+    proc = paperscale(
+        "translate", str(run_dir), "--beam", "2", stdin="\n".join(lines) + "\n", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 2
-    proc = paperscale("evaluate", str(run_dir), "--data", str(synthetic_data), "--limit", "16",
-                      "--beam", "2", cwd=tmp_path)
+    proc = paperscale(
+        "evaluate",
+        str(run_dir),
+        "--data",
+        str(synthetic_data),
+        "--limit",
+        "16",
+        "--beam",
+        "2",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((run_dir / "eval_test.json").read_text())
     assert result["sentences"] == 16 and 0 <= result["bleu"] <= 100

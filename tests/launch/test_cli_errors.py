@@ -15,7 +15,11 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "launch.cli", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -49,8 +53,14 @@ def test_bad_override_exits_2_naming_the_key(
 ) -> None:
     run_dir = tmp_path / "run"
     proc = run_cli(
-        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--run-dir", str(run_dir),
-        f"data.dir={data_dir}", override, cwd=tmp_path,
+        "train",
+        "--config",
+        str(ROOT / "configs/tiny.yaml"),
+        "--run-dir",
+        str(run_dir),
+        f"data.dir={data_dir}",
+        override,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -62,8 +72,13 @@ def test_bad_override_exits_2_naming_the_key(
 
 def test_missing_data_dir_names_data_dir(tmp_path: Path) -> None:
     proc = run_cli(
-        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "2",
-        f"data.dir={tmp_path / 'nope'}", cwd=tmp_path,
+        "train",
+        "--config",
+        str(ROOT / "configs/tiny.yaml"),
+        "--nproc",
+        "2",
+        f"data.dir={tmp_path / 'nope'}",
+        cwd=tmp_path,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
@@ -79,8 +94,13 @@ def test_missing_config_file(tmp_path: Path) -> None:
 
 def test_bad_nproc(tmp_path: Path, data_dir: Path) -> None:
     proc = run_cli(
-        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "0",
-        f"data.dir={data_dir}", cwd=tmp_path,
+        "train",
+        "--config",
+        str(ROOT / "configs/tiny.yaml"),
+        "--nproc",
+        "0",
+        f"data.dir={data_dir}",
+        cwd=tmp_path,
     )
     assert proc.returncode == 2 and "--nproc" in proc.stderr
 

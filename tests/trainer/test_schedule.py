@@ -4,9 +4,7 @@ import torch
 from trainer.schedule import build_scheduler, inverse_sqrt_lr, peak_lr
 
 
-@pytest.mark.parametrize(
-    ("step", "expected"), [(1000, 1.75e-4), (4000, 6.99e-4), (16000, 3.49e-4)]
-)
+@pytest.mark.parametrize(("step", "expected"), [(1000, 1.75e-4), (4000, 6.99e-4), (16000, 3.49e-4)])
 def test_paper_schedule_worked_examples(step: int, expected: float) -> None:
     # The seed notes' worked example: d_model 512, 4000 warm-up steps.
     lr = inverse_sqrt_lr(step, d_model=512, warmup_steps=4000)
