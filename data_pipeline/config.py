@@ -1,4 +1,4 @@
-"""Settings of the training-time data stream (what `prepare` writes is described by its manifest)."""
+"""Settings of the training-time data stream (`prepare` describes its output in the manifest)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ from data_pipeline.shards import RawSample, ShardReadError, decode_sample, iter_
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-DEFAULT_WINDOW = 1000  # window used for bucketing when cfg.shuffle_buffer == 0 (no shuffling)
+DEFAULT_WINDOW = 1000  # window (samples) for bucketing when cfg.shuffle_buffer == 0
 COUNTERS = ("samples_seen", "samples_skipped_long", "samples_skipped_corrupt", "batches")
 
 __all__ = ["Batch", "TokenBatchStream", "read_manifest"]

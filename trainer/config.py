@@ -93,7 +93,7 @@ class LoggingConfig:
 
     wandb: str = "offline"  # online | offline | disabled
     wandb_project: str = "paperscale"
-    tensorboard: bool = False
+    tensorboard: bool = True  # scalars into RUN/tb
 
     def problems(self) -> list[tuple[str, str]]:
         if self.wandb not in ("online", "offline", "disabled"):

@@ -26,7 +26,20 @@ from trainer.dist import DistEnv, init_distributed
 from trainer.ds_config import build_ds_config
 from trainer.evaluate import validation_bleu, validation_loss
 from trainer.export import export_checkpoint
-from trainer.metrics import ConsoleSink, JsonlSink, MetricsLogger, Sink, WandbSink
+from trainer.flops import peak_flops, step_flops
+from trainer.metrics import (
+    ConsoleSink,
+    JsonlSink,
+    MetricsLogger,
+    Sink,
+    TensorBoardSink,
+    Throughput,
+    WandbSink,
+    memory_metrics,
+    open_sink,
+    stderr_warn,
+)
+from trainer.report import write_report
 from trainer.schedule import build_scheduler
 
 
@@ -96,36 +109,77 @@ def resolve_model_config(model_cfg: ModelConfig, tokenizer: Tokenizer) -> ModelC
 def open_sinks(
     job: Job, run_dir: Path, progress: Progress, resumed_at: int | None, resolved: dict
 ) -> list[Sink]:
-    sinks: list[Sink] = [ConsoleSink(), JsonlSink(run_dir / "metrics.jsonl", resumed_at)]
+    """Rank 0's sinks: console and metrics.jsonl always; TensorBoard and wandb as configured.
+
+    An optional sink that cannot be opened is reported in one line and left out.
+    """
+    sinks: list[Sink] = [
+        ConsoleSink(total_steps=job.train.max_steps, start_step=progress.step),
+        JsonlSink(run_dir / "metrics.jsonl", resumed_at),
+    ]
+    optional: list[tuple[str, Any]] = []
+    if job.logging.tensorboard:
+        optional.append(("tensorboard", lambda: TensorBoardSink(run_dir / "tb", resumed_at)))
     if job.logging.wandb != "disabled":
-        try:
-            sinks.append(
-                WandbSink(
+        optional.append(
+            (
+                "wandb",
+                lambda: WandbSink(
                     run_dir,
                     job.logging.wandb,
                     job.logging.wandb_project,
                     run_dir.name,
                     progress.wandb_id,
                     resolved,
-                )
+                ),
             )
-        except Exception as exc:
-            print(f"warning: wandb could not start and is switched off: {exc}", flush=True)
+        )
+    for name, factory in optional:
+        sink = open_sink(name, factory)
+        if sink is not None:
+            sinks.append(sink)
     return sinks
 
 
-class StepTimer:
-    """Tokens per second between two log points (wall time on rank 0)."""
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.tokens = 0
 
-    def rate(self) -> float:
-        elapsed = time.perf_counter() - self.start
-        rate = self.tokens / elapsed if elapsed > 0 else 0.0
-        self.start, self.tokens = time.perf_counter(), 0
-        return rate
+def batch_flops(model_cfg: ModelConfig, batches: list[Batch]) -> float:
+    """Training FLOPs of this rank's micro-batches, from host-side shapes (no device sync)."""
+    return sum(
+        step_flops(
+            model_cfg,
+            b.n_src_tokens,
+            b.n_tgt_tokens,
+            int(b.src.shape[1]),
+            int(b.tgt_out.shape[1]),
+        )
+        for b in batches
+    )
+
+
+def optimizer_metrics(engine: Any, precision: str) -> dict[str, float]:
+    """Gradient norm of the step just taken and, under fp16, the dynamic loss scale.
+
+    DeepSpeed returns None for the norm where its optimizer does not compute one; then the
+    key is left out (it is for the whole run, since that depends on the stage only).
+    """
+    out: dict[str, float] = {}
+    norm = engine.get_global_grad_norm()
+    if norm is not None:
+        out["grad_norm"] = float(norm)
+    if precision == "fp16":
+        opt = engine.optimizer
+        scale = getattr(opt, "cur_scale", None) or getattr(opt, "loss_scale", None)
+        if scale is not None:
+            out["loss_scale"] = float(scale)
+    return out
+
+
+def skipped_counts(stream: TokenBatchStream) -> list[float]:
+    """This rank's cumulative (too long, corrupt) skipped-sample counters."""
+    stats = stream.stats()
+    return [float(stats["samples_skipped_long"]), float(stats["samples_skipped_corrupt"])]
 
 
 def train_step(
@@ -197,6 +251,7 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     logger = MetricsLogger(
         open_sinks(job, run_dir, progress, resumed_at, resolved) if env.is_main else []
     )
+    peak = peak_flops(env.device, PRECISION_DTYPES[job.train.precision]) if env.is_main else None
     if env.is_main and resumed_at is not None:
         print(f"resumed from {ckpt_dir / tag} at step {resumed_at}", flush=True)
 
@@ -233,8 +288,9 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
 
     cfg = job.train
     batches = iter(stream)
-    timer = StepTimer()
+    timer = Throughput()
     window = torch.zeros(4, dtype=torch.float64, device=env.device)
+    window_flops = 0.0  # this rank's training FLOPs since the last log step (host-side)
     first_loss: float | None = None
     last: dict[str, float] = {}
     started = time.perf_counter()
@@ -243,34 +299,52 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
         micro = [next(batches) for _ in range(cfg.grad_accum)]
         sums, _ = train_step(engine, micro, env, model_cfg.label_smoothing)
         window += sums
+        window_flops += batch_flops(model_cfg, micro)
         progress.step += 1
         step = progress.step
         record: dict[str, float] = {}
         if step % cfg.log_every == 0 or step == cfg.max_steps or step == start_step + 1:
-            dist.all_reduce(window)
-            loss_sum, nll_sum, tgt, src = window.tolist()
+            # One collective and one host sync per log step: the device sums of the window,
+            # this rank's FLOPs and its skipped-sample counters, summed over ranks.
+            extra = torch.tensor(
+                [window_flops, *skipped_counts(stream)], dtype=torch.float64, device=env.device
+            )
+            reduced = torch.cat([window, extra])
+            dist.all_reduce(reduced)
+            loss_sum, nll_sum, tgt, src, flops, skip_long, skip_corrupt = reduced.tolist()
             window.zero_()
+            window_flops = 0.0
             progress.tokens_seen += int(src + tgt)
-            timer.tokens += int(src + tgt)
+            seconds = timer.lap()
             record.update(
                 {
                     "loss": loss_sum / tgt,
                     "ppl": math.exp(min(nll_sum / tgt, 50.0)),
                     "lr": engine.get_lr()[0],
-                    "tokens_per_s": timer.rate(),
+                    **optimizer_metrics(engine, cfg.precision),
+                    "src_tokens_per_s": src / seconds,
+                    "tgt_tokens_per_s": tgt / seconds,
+                    "tokens_per_s": (src + tgt) / seconds,
                 }
             )
+            if peak:
+                record["mfu"] = flops / seconds / (peak * env.world_size)
+            record.update(memory_metrics(env.device))
+            record["samples_skipped_long"] = int(skip_long)
+            record["samples_skipped_corrupt"] = int(skip_corrupt)
             if first_loss is None:
                 first_loss = record["loss"]
         final = step == cfg.max_steps
         if (cfg.eval_every and step % cfg.eval_every == 0) or final:
             bleu_due = (cfg.bleu_every and step % cfg.bleu_every == 0) or final
-            record.update(evaluate(with_bleu=bool(bleu_due)))
+            with timer.paused():
+                record.update(evaluate(with_bleu=bool(bleu_due)))
         if record:
             last.update(record)
             logger.log(step, record)
         if (cfg.save_every and step % cfg.save_every == 0) or final:
-            save()
+            with timer.paused():
+                save()
 
     summary: dict[str, Any] = {}
     if env.is_main:
@@ -290,4 +364,9 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
         export_checkpoint(ckpt_dir / final_tag, run_dir / "model", data_dir / "spm.model")
     dist.barrier()
     logger.close()
+    if env.is_main:
+        try:
+            write_report(run_dir)
+        except Exception as exc:  # the report is a convenience; the run itself succeeded
+            stderr_warn(f"warning: report.png could not be written: {exc}")
     return summary

@@ -1,13 +1,26 @@
-"""Metrics sinks: console, metrics.jsonl and wandb; a failing sink is switched off, not fatal."""
+"""Metrics sinks (console, metrics.jsonl, TensorBoard, wandb) and the helpers that feed them.
+
+Every sink is optional except metrics.jsonl's role as the record of the run: a sink that fails
+when it is opened or while writing is reported once and switched off, and training goes on.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import resource
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
+
+import torch
+
+Warn = Callable[[str], None]
 
 
 class Sink(Protocol):
@@ -18,6 +31,11 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+def stderr_warn(message: str) -> None:
+    """The default way a sink problem is reported: one line on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def _fmt(value: float) -> str:
     if isinstance(value, int):
         return str(value)
@@ -26,18 +44,159 @@ def _fmt(value: float) -> str:
     return f"{value:.4f}"
 
 
-class ConsoleSink:
-    name = "console"
+def _plain_line(step: int, values: Mapping[str, float]) -> str:
+    """`step N key=value ...`: the console format that scripts and tests grep."""
+    parts = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
+    return f"step {step} {parts}"
 
-    def __init__(self, stream: Any = None) -> None:
+
+# ------------------------------------------------------------------------------ secrets
+
+_SECRET_PARTS = {"token", "key", "secret", "password", "passwd", "apikey", "credentials"}
+_SECRET_SUBSTRINGS = ("secret", "password", "passwd", "apikey", "api_key", "access_key")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a config key or environment variable name looks like it holds a secret.
+
+    Matches a name one of whose `_`/`-`/`.` separated words is TOKEN, KEY, SECRET, PASSWORD
+    (any case), or that contains SECRET/PASSWORD/APIKEY anywhere. Words, not substrings, for
+    TOKEN and KEY so that ordinary settings such as `max_tokens` or `keep_last` stay.
+    """
+    lowered = name.lower()
+    words = set(re.split(r"[_\-.\s]+", lowered))
+    return bool(words & _SECRET_PARTS) or any(s in lowered for s in _SECRET_SUBSTRINGS)
+
+
+def secret_env_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Values of environment variables whose names look secret (at least 4 characters)."""
+    env = os.environ if environ is None else environ
+    return [v for k, v in env.items() if is_secret_name(k) and len(v) >= 4]
+
+
+def scrub_secrets(config: Any, environ: Mapping[str, str] | None = None) -> Any:
+    """A copy of `config` without secret-named keys and without values that contain the value
+    of a secret-named environment variable (e.g. one interpolated from `${oc.env:...}`)."""
+    secrets = secret_env_values(environ)
+
+    def leaks(value: Any) -> bool:
+        return isinstance(value, str) and any(s in value for s in secrets)
+
+    def clean(node: Any) -> Any:
+        if isinstance(node, Mapping):
+            return {
+                k: clean(v)
+                for k, v in node.items()
+                if not is_secret_name(str(k)) and not leaks(v)
+            }
+        if isinstance(node, (list, tuple)):
+            return [clean(v) for v in node if not leaks(v)]
+        return node
+
+    return clean(config)
+
+
+# ------------------------------------------------------------------------------- memory
+
+
+def host_rss_gb() -> float:
+    """Resident memory of this process in GiB (VmRSS; the peak from getrusage off Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 2**20  # kB -> GiB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
+
+
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """Host RSS, plus allocated and reserved GPU memory when training on CUDA (GiB)."""
+    out = {"mem_rss_gb": host_rss_gb()}
+    if device.type == "cuda":
+        out["mem_gpu_alloc_gb"] = torch.cuda.memory_allocated(device) / 2**30
+        out["mem_gpu_reserved_gb"] = torch.cuda.memory_reserved(device) / 2**30
+        out["mem_gpu_peak_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out
+
+
+# ---------------------------------------------------------------------------- throughput
+
+
+class Throughput:
+    """Training wall time between two log points, with evaluation and checkpoints left out."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.excluded = 0.0
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside this block does not count as training time."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - t0
+
+    def lap(self) -> float:
+        """Seconds of training since the previous lap (or construction); starts the next."""
+        now = time.perf_counter()
+        elapsed = now - self.start - self.excluded
+        self.start, self.excluded = now, 0.0
+        return max(elapsed, 1e-9)
+
+
+# --------------------------------------------------------------------------------- sinks
+
+
+class ConsoleSink:
+    """Rank 0's console: a tqdm bar with ETA on a terminal, plain `step N k=v` lines otherwise.
+
+    On a terminal, records with validation results are also printed as plain lines above the bar,
+    so the evaluation history stays on screen.
+    """
+
+    name = "console"
+    BAR_KEYS = ("loss", "lr", "tokens_per_s", "mfu")
+
+    def __init__(
+        self,
+        stream: Any = None,
+        total_steps: int | None = None,
+        start_step: int = 0,
+        progress_bar: bool | None = None,
+    ) -> None:
         self.stream = stream or sys.stdout
+        if progress_bar is None:
+            progress_bar = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.bar: Any = None
+        if progress_bar:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total_steps,
+                initial=start_step,
+                file=self.stream,
+                unit="step",
+                dynamic_ncols=True,
+                smoothing=0.1,
+            )
 
     def write(self, step: int, values: dict[str, float]) -> None:
-        parts = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
-        print(f"step {step} {parts}", file=self.stream, flush=True)
+        if self.bar is None:
+            print(_plain_line(step, values), file=self.stream, flush=True)
+            return
+        self.bar.update(step - self.bar.n)
+        shown = {k: _fmt(values[k]) for k in self.BAR_KEYS if k in values}
+        if shown:
+            self.bar.set_postfix(shown, refresh=True)
+        if any(k.startswith("valid_") or k == "bleu" for k in values):
+            self.bar.write(_plain_line(step, values), file=self.stream)
 
     def close(self) -> None:
-        pass
+        if self.bar is not None:
+            self.bar.close()
 
 
 class JsonlSink:
@@ -72,8 +231,54 @@ class JsonlSink:
         self.file.close()
 
 
+def tensorboard_tag(key: str) -> str:
+    """Group keys into TensorBoard sections: train/, valid/, system/."""
+    if key.startswith("valid_") or key == "bleu":
+        return f"valid/{key.removeprefix('valid_')}"
+    if key.startswith("mem_") or key.startswith("samples_"):
+        return f"system/{key}"
+    return f"train/{key}"
+
+
+class TensorBoardSink:
+    """Scalars into RUN/tb. On resume, events at or past the first new step are purged, so
+    TensorBoard shows one curve without the steps the crashed run logged after its checkpoint."""
+
+    name = "tensorboard"
+
+    def __init__(self, log_dir: Path, resume_step: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(
+            str(log_dir),
+            purge_step=None if resume_step is None else resume_step + 1,
+            flush_secs=30,
+        )
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self.writer.add_scalar(tensorboard_tag(key), value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _ensure_writable_dir(path: Path) -> None:
+    """Create `path` and prove it takes a file; raises OSError otherwise. wandb itself falls
+    back to a temp dir silently, which would put the run outside the run dir."""
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / ".write-test"
+    probe.write_text("")
+    probe.unlink()
+
+
 class WandbSink:
-    """wandb in online/offline mode; the run id is kept so a resumed run continues it."""
+    """wandb in online/offline mode; the run id is kept so a resumed run continues it.
+
+    The config is logged without secrets (see `scrub_secrets`); git, code and system metadata
+    collection is off, so nothing from the environment is copied into the run files.
+    """
 
     name = "wandb"
 
@@ -82,6 +287,7 @@ class WandbSink:
     ) -> None:
         import wandb
 
+        _ensure_writable_dir(run_dir / "wandb")
         self.run = wandb.init(
             dir=str(run_dir),
             mode=mode,
@@ -89,8 +295,17 @@ class WandbSink:
             name=name,
             id=run_id,
             resume="allow",
-            config=config,
-            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+            config=scrub_secrets(config),
+            settings=wandb.Settings(
+                silent=True,
+                console="off",
+                x_disable_stats=True,
+                x_disable_meta=True,
+                disable_git=True,
+                disable_code=True,
+                save_code=False,
+                x_save_requirements=False,
+            ),
         )
 
     def write(self, step: int, values: dict[str, float]) -> None:
@@ -100,12 +315,21 @@ class WandbSink:
         self.run.finish()
 
 
+def open_sink(name: str, factory: Callable[[], Sink], warn: Warn = stderr_warn) -> Sink | None:
+    """`factory()`, or None after one warning line when the sink cannot be opened."""
+    try:
+        return factory()
+    except Exception as exc:
+        warn(f"warning: metrics sink '{name}' failed and is switched off: {exc}")
+        return None
+
+
 class MetricsLogger:
     """Fans each record out to every sink; a sink that raises is reported once and dropped."""
 
-    def __init__(self, sinks: list[Sink], warn: Any = None) -> None:
+    def __init__(self, sinks: list[Sink], warn: Warn | None = None) -> None:
         self.sinks = list(sinks)
-        self.warn = warn or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.warn = warn or stderr_warn
 
     def log(self, step: int, values: dict[str, float]) -> None:
         for sink in list(self.sinks):
