@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -112,6 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / "config.yaml", to_yaml(job))
+        shutil.copyfile(Path(job.data.dir) / "spm.model", run_dir / "spm.model")
     if not inside_torchrun() and args.nproc > 1:
         return run_torchrun(
             args.nproc, run_dir / "config.yaml", run_dir, use_cuda(job.train.device)
@@ -216,6 +218,27 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -------------------------------------------------------------------------- export / average
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from trainer.export import export_run
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "checkpoints").is_dir():
+        raise UsageError(f"{run_dir} is not a run dir (no checkpoints/)")
+    last = getattr(args, "last", 1)
+    if last < 1:
+        raise UsageError(f"--last must be >= 1, got {last}")
+    out = Path(args.out) if args.out else run_dir / ("model" if last == 1 else f"average{last}")
+    try:
+        tags = export_run(run_dir, out, tag=getattr(args, "tag", None), last=last)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps({"export": str(out), "checkpoints": tags}))
+    return 0
+
+
 # ---------------------------------------------------------------------------------- status
 
 
@@ -227,6 +250,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise UsageError(f"run dir {run_dir} does not exist")
     status = run_status(run_dir)
     print(json.dumps(status, indent=1) if args.json else format_status(status))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from trainer.report import write_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise UsageError(f"{run_dir} has no metrics.jsonl")
+    try:
+        path, summary = write_report(run_dir, Path(args.out) if args.out else None)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(summary)
+    print(f"report           {path}")
     return 0
 
 
@@ -338,12 +376,38 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--limit", type=int, default=0, help="first N sentences only")
             sp.set_defaults(func=cmd_evaluate, nbest=1)
 
+    export = sub.add_parser(
+        "export",
+        help="one consolidated fp32 safetensors file from a checkpoint of any ZeRO stage",
+        description="Writes model.safetensors, model.json, config.yaml and spm.model into "
+        "--out (default RUN/model) from the latest (or --tag) checkpoint.",
+    )
+    export.add_argument("run_dir")
+    export.add_argument("--tag", help="checkpoint tag, e.g. step_00001000 (default: latest)")
+    export.add_argument("--out", help="output dir (default RUN/model)")
+    export.set_defaults(func=cmd_export)
+    average = sub.add_parser(
+        "average",
+        help="average the last K checkpoints into one export (the paper: 5 base, 20 big)",
+        description="Averages the fp32 weights of the last K complete checkpoints and writes "
+        "them like `export` (default RUN/averageK).",
+    )
+    average.add_argument("run_dir")
+    average.add_argument("--last", type=int, required=True, help="how many checkpoints")
+    average.add_argument("--out", help="output dir (default RUN/averageK)")
+    average.set_defaults(func=cmd_export)
+
     status = sub.add_parser(
         "status", help="last step, checkpoint, tokens/s, losses and BLEU of a run"
     )
     status.add_argument("run_dir")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    report = sub.add_parser("report", help="plot RUN/report.png and print a short summary")
+    report.add_argument("run_dir")
+    report.add_argument("--out", help="PNG path (default RUN/report.png)")
+    report.set_defaults(func=cmd_report)
 
     plan = sub.add_parser("plan", help="parameter count of a config (the planner grows later)")
     plan.add_argument("--config", required=True)

@@ -134,12 +134,19 @@ def save(
     return tag
 
 
-def load(engine: Any, ckpt_dir: Path, tag: str, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Load engine, optimizer and scheduler states; returns (client_state, this rank's state)."""
+def load(
+    engine: Any, ckpt_dir: Path, tag: str, rank: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Load engine, optimizer and scheduler states.
+
+    Returns (client_state, every saving rank's own state in rank order): a resumed rank needs
+    all of them when the world size changed (the data position is re-dealt across ranks).
+    """
     path, client_state = engine.load_checkpoint(
         str(ckpt_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
     )
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {ckpt_dir / tag}")
-    rank_state = torch.load(rank_state_path(ckpt_dir, tag, rank), weights_only=True)
-    return client_state or {}, rank_state
+    files = sorted((ckpt_dir / tag).glob("rank_*.pt"))
+    rank_states = [torch.load(f, weights_only=True) for f in files]
+    return client_state or {}, rank_states

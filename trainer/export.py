@@ -66,3 +66,49 @@ def load_exported(export_dir: Path, device: torch.device | str = "cpu") -> Trans
     state = load_file(str(export_dir / WEIGHTS), device=str(device))
     model.load_state_dict(state, strict=True)
     return model.to(device).eval()
+
+
+def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Element-wise mean in float64 (then fp32), so K identical inputs return that input exactly."""
+    if not states:
+        raise ValueError("nothing to average")
+    keys = states[0].keys()
+    for state in states[1:]:
+        if state.keys() != keys:
+            raise ValueError("checkpoints to average have different parameter names")
+    out = {}
+    for key in keys:
+        total = torch.zeros_like(states[0][key], dtype=torch.float64)
+        for state in states:
+            total += state[key].double()
+        out[key] = (total / len(states)).float()
+    return out
+
+
+def export_run(run_dir: Path, out_dir: Path, *, tag: str | None = None, last: int = 1) -> list[str]:
+    """Export checkpoint `tag` (default: latest) or the average of the last `last` complete ones.
+
+    Returns the tags used. The sentencepiece model is the run's copy (RUN/spm.model).
+    """
+    from trainer.checkpoint import complete_tags, latest_tag
+
+    ckpt_dir = run_dir / "checkpoints"
+    if tag is not None:
+        if not (ckpt_dir / tag / "complete").is_file():
+            raise ValueError(f"{ckpt_dir / tag} is not a complete checkpoint")
+        tags = [tag]
+    else:
+        tags = complete_tags(ckpt_dir)
+        newest = latest_tag(ckpt_dir)
+        if newest is not None:  # never past `latest`: a newer dir could be an unfinished save
+            tags = [t for t in tags if t <= newest]
+        if not tags:
+            raise ValueError(f"{ckpt_dir} holds no complete checkpoint")
+        if last > len(tags):
+            raise ValueError(f"--last {last} but {ckpt_dir} holds only {len(tags)} checkpoints")
+        tags = tags[-last:]
+    states = [consolidated_state_dict(ckpt_dir / t) for t in tags]
+    meta = json.loads((ckpt_dir / tags[-1] / META).read_text())
+    state = states[0] if len(states) == 1 else average_state_dicts(states)
+    write_export(out_dir, state, meta["model"], meta["config"], run_dir / "spm.model")
+    return tags

@@ -235,14 +235,15 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     resumed_at: int | None = None
     tag = checkpoint.latest_tag(ckpt_dir)
     if tag is not None:
-        client, mine = checkpoint.load(engine, ckpt_dir, tag, env.rank)
+        client, rank_states = checkpoint.load(engine, ckpt_dir, tag, env.rank)
         progress = Progress(
             step=int(client["step"]),
             tokens_seen=int(client["tokens_seen"]),
             wandb_id=str(client["wandb_id"]),
         )
-        stream.load_state_dict(mine["data"])
-        checkpoint.set_rng_state(mine["rng"])
+        stream.load_state_dicts([state["data"] for state in rank_states])
+        if len(rank_states) == env.world_size:
+            checkpoint.set_rng_state(rank_states[env.rank]["rng"])
         resumed_at = progress.step
     wandb_id = [progress.wandb_id]
     dist.broadcast_object_list(wandb_id, src=0)

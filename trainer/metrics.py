@@ -85,9 +85,7 @@ def scrub_secrets(config: Any, environ: Mapping[str, str] | None = None) -> Any:
     def clean(node: Any) -> Any:
         if isinstance(node, Mapping):
             return {
-                k: clean(v)
-                for k, v in node.items()
-                if not is_secret_name(str(k)) and not leaks(v)
+                k: clean(v) for k, v in node.items() if not is_secret_name(str(k)) and not leaks(v)
             }
         if isinstance(node, (list, tuple)):
             return [clean(v) for v in node if not leaks(v)]

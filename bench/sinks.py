@@ -1,0 +1,136 @@
+"""Cost of the metrics sinks: training step time with wandb (offline) + TensorBoard + jsonl versus
+jsonl alone, measured side by side in one process.
+
+The real DeepSpeed engine (world of one, CPU or GPU) trains the tiny preset's model on random
+token batches. Blocks of steps alternate between the two sink sets (ABBA order, so drift in
+machine load hits both alike); every step is a log step (the worst case: the presets log every
+20-100 steps) and builds the same record the trainer logs. Opening and closing the sinks is
+outside the timed blocks and reported on its own. Prints the median ratio of step times.
+
+    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu python -m bench.sinks --repeats 4 --steps 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data_pipeline.batching import Batch
+from launch.config import load_config
+from model.config import BOS_ID, EOS_ID
+from trainer.dist import init_distributed
+from trainer.loop import build_engine, optimizer_metrics, train_step
+from trainer.metrics import (
+    JsonlSink,
+    MetricsLogger,
+    Sink,
+    TensorBoardSink,
+    WandbSink,
+    memory_metrics,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def random_batch(vocab: int, rows: int, length: int, gen: torch.Generator) -> Batch:
+    """A full (unpadded) micro-batch of random pairs: rows x length tokens on each side."""
+    src = torch.randint(4, vocab, (rows, length), generator=gen)  # (B, S)
+    tgt = torch.randint(4, vocab, (rows, length - 1), generator=gen)  # (B, T-1)
+    bos = torch.full((rows, 1), BOS_ID)
+    eos = torch.full((rows, 1), EOS_ID)
+    return Batch(
+        src=src,
+        tgt_in=torch.cat([bos, tgt], 1),  # (B, T)
+        tgt_out=torch.cat([tgt, eos], 1),  # (B, T)
+        n_src_tokens=rows * length,
+        n_tgt_tokens=rows * length,
+    )
+
+
+def open_all(run_dir: Path, run_id: str) -> list[Sink]:
+    """jsonl + TensorBoard + wandb offline, as the trainer opens them."""
+    return [
+        JsonlSink(run_dir / "metrics.jsonl"),
+        TensorBoardSink(run_dir / "tb"),
+        WandbSink(run_dir, "offline", "bench", run_dir.name, run_id, {"bench": "sinks"}),
+    ]
+
+
+def timed_block(
+    engine: Any, env: Any, batches: list[Batch], logger: MetricsLogger, first_step: int
+) -> float:
+    """Mean seconds per step over `batches`, logging a full record after every step."""
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        sums, _ = train_step(engine, [batch], env, 0.1)
+        torch.distributed.all_reduce(sums)
+        loss_sum, _nll, tgt, src = sums.tolist()
+        record = {
+            "loss": loss_sum / tgt,
+            "lr": engine.get_lr()[0],
+            **optimizer_metrics(engine, "bf16"),
+            "tokens_per_s": src + tgt,
+            **memory_metrics(env.device),
+        }
+        logger.log(first_step + i, record)
+    return (time.perf_counter() - start) / len(batches)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--repeats", type=int, default=4, help="ABBA rounds (each: 2 blocks per arm)")
+    p.add_argument("--steps", type=int, default=15, help="steps per timed block")
+    p.add_argument("--rows", type=int, default=32)
+    p.add_argument("--length", type=int, default=32)
+    args = p.parse_args()
+
+    job = load_config(ROOT / "configs/tiny.yaml", ["model.vocab_size=8000", "train.grad_accum=1"])
+    env = init_distributed("auto")
+    engine = build_engine(job, job.model, env)
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(job.model.vocab_size or 8000)
+    batches = [random_batch(vocab, args.rows, args.length, gen) for _ in range(args.steps)]
+    base = Path(tempfile.mkdtemp(prefix="bench-sinks-"))
+    timed_block(engine, env, batches[:3], MetricsLogger([]), 0)  # warm-up
+
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    open_close: list[float] = []
+    step = 1
+    for r in range(args.repeats):
+        for arm in ("off", "on", "on", "off") if r % 2 == 0 else ("on", "off", "off", "on"):
+            run_dir = base / f"{arm}-{r}-{step}"
+            run_dir.mkdir()
+            t0 = time.perf_counter()
+            sinks = (
+                open_all(run_dir, f"bench{r}{step}")
+                if arm == "on"
+                else [JsonlSink(run_dir / "metrics.jsonl")]
+            )
+            overhead = time.perf_counter() - t0
+            logger = MetricsLogger(sinks)
+            times[arm].append(timed_block(engine, env, batches, logger, step))
+            t0 = time.perf_counter()
+            logger.close()
+            if arm == "on":
+                open_close.append(overhead + time.perf_counter() - t0)
+            step += len(batches)
+
+    ratios = [on / off for on, off in zip(times["on"], times["off"], strict=True)]
+    print(f"device {env.device}, {args.rows}x{args.length} tokens per side, log every step")
+    print(f"step time, jsonl only:               median {statistics.median(times['off']):.4f} s")
+    print(f"step time, jsonl + tensorboard + wandb: median {statistics.median(times['on']):.4f} s")
+    print(f"ratio (sinks on / off), per block pair: {', '.join(f'{x:.3f}' for x in ratios)}")
+    print(f"median ratio: {statistics.median(ratios):.3f}  (goal <= 1.05)")
+    print(
+        f"open + close of tensorboard + wandb per run: median {statistics.median(open_close):.2f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

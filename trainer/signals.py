@@ -1,0 +1,53 @@
+"""Stop requests from the scheduler or the user, turned into a save-and-exit at a step boundary.
+
+SIGUSR1 (Slurm's `--signal=USR1@90` before the time limit or a preemption) and SIGTERM ask the
+job to finish the current optimizer step, save a checkpoint and exit with EXIT_PREEMPTED. The
+first SIGINT does the same; a second SIGINT exits at once. Ranks agree on the stop through the
+all-reduce the train step already makes, so a signal that reaches one rank stops them all at the
+same step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from types import FrameType
+
+# Exit code after a requested stop that saved a checkpoint (EX_TEMPFAIL: "try again later").
+EXIT_PREEMPTED = 75
+
+
+class StopRequest:
+    """Records the first stop signal; a second SIGINT ends the process immediately."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def install(self) -> StopRequest:
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.requested and signum == signal.SIGINT:
+            print("second SIGINT: exiting now without saving", file=sys.stderr, flush=True)
+            os._exit(130)
+        if not self.requested:
+            self.signal_name = name
+            print(
+                f"{name} received: finishing this step, saving, then exiting",
+                file=sys.stderr,
+                flush=True,
+            )
