@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from data_pipeline.batching import Batch, Sample, collate, plan_batches
@@ -444,6 +445,9 @@ class TokenBatchStream:
                 collate_fn=_identity,
                 prefetch_factor=2,
                 pin_memory=self.pin_memory,
+                # Its own generator: creating the iterator must not draw from the global torch
+                # RNG, which the trainer restores on resume (dropout must continue exactly).
+                generator=torch.Generator().manual_seed(self.cfg.seed),
             )
         for item in items:
             self._positions[item.worker] = item.pos

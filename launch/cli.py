@@ -115,17 +115,36 @@ def cmd_train(args: argparse.Namespace) -> int:
         write_atomic(run_dir / "config.yaml", to_yaml(job))
         shutil.copyfile(Path(job.data.dir) / "spm.model", run_dir / "spm.model")
     if not inside_torchrun() and args.nproc > 1:
-        return run_torchrun(
+        (run_dir / "summary.json").unlink(missing_ok=True)
+        code = run_torchrun(
             args.nproc, run_dir / "config.yaml", run_dir, use_cuda(job.train.device)
         )
+        return code or preempted_exit_code(run_dir)
 
     from trainer.loop import train
+    from trainer.signals import EXIT_PREEMPTED
 
     summary = train(job, run_dir, to_dict(job))
-    if summary:
+    if is_main:
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))
         print("summary: " + json.dumps(summary), flush=True)
+    # Under torchrun a worker's non-zero exit makes torchrun kill the other workers, maybe
+    # before they finished saving: workers exit 0 and the launcher reads summary.json.
+    if summary.get("preempted") and not inside_torchrun():
+        return EXIT_PREEMPTED
     return 0
+
+
+def preempted_exit_code(run_dir: Path) -> int:
+    """EXIT_PREEMPTED when the workers stopped on a signal after saving (summary.json says
+    so), else 0: scripts and schedulers can tell a finished run from a stopped one."""
+    from trainer.signals import EXIT_PREEMPTED
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    return EXIT_PREEMPTED if summary.get("preempted") else 0
 
 
 # ------------------------------------------------------------------------ translate / eval

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,10 +39,41 @@ def child_env(use_cuda: bool) -> dict[str, str]:
     return env
 
 
+def child_pids(pid: int) -> list[int]:
+    """Direct children of `pid`, read from /proc (torchrun's workers)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
 def run_torchrun(nproc: int, config_file: Path, run_dir: Path, use_cuda: bool) -> int:
-    """Run torchrun in the foreground and return its exit code."""
-    cmd = torchrun_command(nproc, config_file, run_dir)
-    return subprocess.call(cmd, env=child_env(use_cuda))
+    """Run torchrun in the foreground and return its exit code.
+
+    SIGUSR1 and SIGTERM sent to this process go straight to the workers, which finish their
+    step, save and exit (torchrun itself would die on USR1 and give SIGTERM only a short grace
+    period). SIGINT from a terminal reaches the workers through the process group, so it is
+    not forwarded again here.
+    """
+    proc = subprocess.Popen(torchrun_command(nproc, config_file, run_dir), env=child_env(use_cuda))
+
+    def forward(signum: int, frame: object) -> None:
+        for pid in child_pids(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def use_cuda(device: str) -> bool:

@@ -41,6 +41,7 @@ from trainer.metrics import (
 )
 from trainer.report import write_report
 from trainer.schedule import build_scheduler
+from trainer.signals import StopRequest
 
 
 class Job(Protocol):
@@ -183,22 +184,26 @@ def skipped_counts(stream: TokenBatchStream) -> list[float]:
 
 
 def train_step(
-    engine: Any, batches: list[Batch], env: DistEnv, epsilon: float
-) -> tuple[torch.Tensor, int]:
+    engine: Any, batches: list[Batch], env: DistEnv, epsilon: float, stop_requested: bool
+) -> tuple[torch.Tensor, bool]:
     """One optimizer step over `batches` (the accumulation micro-batches of this rank).
 
     The gradient is that of (sum of token losses over all ranks and micro-batches) / (target
     tokens of the whole step), as in fairseq; DeepSpeed averages over ranks and divides by the
-    accumulation count, which the factor `world * accum / tokens` undoes.
-    Returns the summed (loss, nll, target tokens, source tokens) of this rank, on device,
-    and the step's global target-token count.
+    accumulation count, which the factor `world * accum / tokens` undoes. The one all-reduce
+    that counts the step's tokens also carries this rank's stop request, so every rank learns
+    of a signal that reached any of them at the same step.
+    Returns this rank's summed (loss, nll, target tokens, source tokens), on device, and
+    whether any rank asked to stop.
     """
     counts = torch.tensor(
-        [sum(b.n_tgt_tokens for b in batches)], dtype=torch.float64, device=env.device
+        [sum(b.n_tgt_tokens for b in batches), float(stop_requested)],
+        dtype=torch.float64,
+        device=env.device,
     )
     dist.all_reduce(counts)
-    global_tokens = int(counts.item())
-    factor = env.world_size * len(batches) / max(global_tokens, 1)
+    global_tokens, stops = counts.tolist()
+    factor = env.world_size * len(batches) / max(global_tokens, 1.0)
     sums = torch.zeros(4, dtype=torch.float64, device=env.device)
     for batch in batches:
         batch = batch.to(env.device, non_blocking=True)
@@ -214,7 +219,7 @@ def train_step(
                 torch.tensor(float(batch.n_src_tokens), dtype=torch.float64, device=env.device),
             ]
         )
-    return sums, global_tokens
+    return sums, stops > 0
 
 
 def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
@@ -242,8 +247,6 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
             wandb_id=str(client["wandb_id"]),
         )
         stream.load_state_dicts([state["data"] for state in rank_states])
-        if len(rank_states) == env.world_size:
-            checkpoint.set_rng_state(rank_states[env.rank]["rng"])
         resumed_at = progress.step
     wandb_id = [progress.wandb_id]
     dist.broadcast_object_list(wandb_id, src=0)
@@ -296,15 +299,24 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     last: dict[str, float] = {}
     started = time.perf_counter()
     start_step = progress.step
-    while progress.step < cfg.max_steps:
+    if tag is not None and len(rank_states) == env.world_size:
+        # Last thing before the first step, so that nothing done while setting up (sinks, the
+        # FLOPs probe, loader workers) shifts the restored dropout stream.
+        checkpoint.set_rng_state(rank_states[env.rank]["rng"])
+    stop_request = StopRequest().install()
+    stopping = False
+    while progress.step < cfg.max_steps and not stopping:
         micro = [next(batches) for _ in range(cfg.grad_accum)]
-        sums, _ = train_step(engine, micro, env, model_cfg.label_smoothing)
+        sums, stopping = train_step(
+            engine, micro, env, model_cfg.label_smoothing, stop_request.requested
+        )
         window += sums
         window_flops += batch_flops(model_cfg, micro)
         progress.step += 1
         step = progress.step
         record: dict[str, float] = {}
-        if step % cfg.log_every == 0 or step == cfg.max_steps or step == start_step + 1:
+        final = step == cfg.max_steps
+        if step % cfg.log_every == 0 or final or stopping or step == start_step + 1:
             # One collective and one host sync per log step: the device sums of the window,
             # this rank's FLOPs and its skipped-sample counters, summed over ranks.
             extra = torch.tensor(
@@ -335,22 +347,24 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
             record["samples_skipped_corrupt"] = int(skip_corrupt)
             if first_loss is None:
                 first_loss = record["loss"]
-        final = step == cfg.max_steps
-        if (cfg.eval_every and step % cfg.eval_every == 0) or final:
+        if not stopping and ((cfg.eval_every and step % cfg.eval_every == 0) or final):
             bleu_due = (cfg.bleu_every and step % cfg.bleu_every == 0) or final
             with timer.paused():
                 record.update(evaluate(with_bleu=bool(bleu_due)))
         if record:
             last.update(record)
             logger.log(step, record)
-        if (cfg.save_every and step % cfg.save_every == 0) or final:
+        if (cfg.save_every and step % cfg.save_every == 0) or final or stopping:
             with timer.paused():
                 save()
 
-    summary: dict[str, Any] = {}
+    stop_request.uninstall()
+    summary: dict[str, Any] = {"preempted": stopping}
+    if stopping and env.is_main:
+        print(f"stopped at step {progress.step} after a signal; checkpoint saved", flush=True)
     if env.is_main:
         elapsed = time.perf_counter() - started
-        summary = {
+        summary |= {
             "steps": progress.step,
             "steps_this_run": progress.step - start_step,
             "first_loss": first_loss,
@@ -361,7 +375,7 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
             "run_dir": str(run_dir),
         }
     final_tag = checkpoint.latest_tag(ckpt_dir)
-    if env.is_main and final_tag is not None:
+    if env.is_main and final_tag is not None and not stopping:
         export_checkpoint(ckpt_dir / final_tag, run_dir / "model", data_dir / "spm.model")
     dist.barrier()
     logger.close()

@@ -33,7 +33,7 @@ def train(run_dir: Path, data: Path, max_steps: int, precision: str, cwd: Path) 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("precision", ["fp32"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_resume_twice_matches_straight_run(
     synthetic_data: Path, tmp_path: Path, precision: str
 ) -> None:
