@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from data_pipeline.batching import Batch, Sample, collate, plan_batches
+from data_pipeline.batching import BATCHING_VERSION, Batch, Sample, collate, plan_batches
 from data_pipeline.config import DataConfig
 from data_pipeline.manifest import read_manifest as _read_manifest
 from data_pipeline.shards import RawSample, ShardReadError, decode_sample, iter_shard
@@ -500,9 +500,17 @@ class TokenBatchStream:
         }
 
     def _batching(self) -> list[int]:
-        """What the cut of a window depends on besides the data (saved with the state)."""
+        """What the cut of a window depends on besides the data (saved with the state); a state
+        saved by an older batching algorithm (no version, or another one) replays its windows."""
         c = self._ctx
-        return [c.window, c.max_tokens, c.max_len, c.pad_multiple, c.bucket_width]
+        return [
+            c.window,
+            c.max_tokens,
+            c.max_len,
+            c.pad_multiple,
+            c.bucket_width,
+            BATCHING_VERSION,
+        ]
 
     def _replay_windows_if_rebatched(self, d: dict[str, Any]) -> None:
         """With other batching settings the saved "batches done in this window" counts mean

@@ -14,7 +14,8 @@ complete when it was written.  Format (version 1)::
                 "valid": {...}, "test": {...}}}
 
 ``src_tokens`` counts source ids including the final EOS; ``tgt_tokens`` counts target ids
-without BOS/EOS (as stored).
+without BOS/EOS (as stored).  A shard ``name`` ending in ``.tar.gz`` is a gzip-compressed tar
+(``prepare(..., compress_shards=True)``); readers go by the name.
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ source ends with EOS (the model's source convention); the target carries neither
 (the loader adds them).  Tars are written with fixed metadata so the same input gives the same
 bytes and sha256, which lets an interrupted ``prepare`` verify what it already wrote.
 
+A shard whose name ends in ``.gz`` (``prepare(..., compress_shards=True)``) is the same tar,
+gzip-compressed (``train-000000.tar.gz``, fixed gzip header, so still reproducible): webdataset
+and ``tarfile`` read it as they are, and it saves most of the fixed cost of the tar format
+(four 512-byte headers per sample, each member padded to 512 bytes: ~4 KB per sample whatever
+its length, which the zeros make almost free to compress).
+
 Reading is done by a small tar reader here rather than through ``webdataset``'s pipeline,
 because the loader needs the exact sample index inside a shard (to resume, seeking over the
 bytes of earlier samples) and precise accounting of what a corrupt or truncated shard lost.
@@ -14,10 +20,12 @@ bytes of earlier samples) and precise accounting of what a corrupt or truncated 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
 import tarfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +36,14 @@ import numpy as np
 from data_pipeline.tokenizer import EOS_ID
 
 PARTS = ("src.ids", "tgt.ids", "src.txt", "tgt.txt")  # members of every sample
+BLOCK = 512  # tar block: every header, and every member's data padded to a multiple
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+
+
+def is_compressed(path: Path | str) -> bool:
+    """Whether a shard is a gzip-compressed tar (by its name: ``.tar.gz`` / ``.tgz``)."""
+    name = str(path)
+    return name.endswith(".gz") or name.endswith(".tgz")
 
 
 def dtype_for(vocab_size: int) -> str:
@@ -58,27 +73,64 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _header_template() -> bytes:
+    """The ustar header ``tarfile`` writes for a member with the shards' fixed metadata."""
+    info = tarfile.TarInfo("x")
+    info.size = 0
+    info.mtime = 0
+    info.mode = 0o644
+    info.uname = info.gname = ""
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+
+
+_TEMPLATE = _header_template()
+_RECORD = tarfile.RECORDSIZE  # a tar ends with two zero blocks, padded to a whole record
+
+
 class ShardWriter:
     """Writes one tar shard under a temporary name; :meth:`close` renames it into place.
 
     A reader (or a re-run of ``prepare``) therefore never sees a half-written shard under
-    its final name.
+    its final name.  Members are written with the same bytes :mod:`tarfile` would write (ustar,
+    mode 0644, mtime 0, no owner names), but from a header template patched with the name, size
+    and checksum, which is several times faster than ``TarFile.addfile`` per member.
     """
 
     def __init__(self, path: Path, dtype: str) -> None:
         self.path = Path(path)
         self.dtype = dtype
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        self._tar = tarfile.open(self.tmp, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
+        self._raw: BinaryIO = open(self.tmp, "wb", buffering=1 << 20)  # noqa: SIM115
+        self._gz: gzip.GzipFile | None = None
+        self._out: BinaryIO = self._raw
+        if is_compressed(self.path):
+            # No file name and mtime 0 in the gzip header: the same samples give the same bytes.
+            self._gz = gzip.GzipFile(
+                filename="", mode="wb", fileobj=self._raw, compresslevel=6, mtime=0
+            )
+            self._out = self._gz  # type: ignore[assignment]
+        self._offset = 0
+        self._pending: list[bytes] = []
         self.samples = 0
 
     def _add(self, name: str, data: bytes) -> None:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mtime = 0
-        info.mode = 0o644
-        info.uname = info.gname = ""
-        self._tar.addfile(info, io.BytesIO(data))
+        encoded = name.encode("utf-8")
+        size = len(data)
+        if len(encoded) > 100 or size >= 8**11:  # never for prepare's keys: let tarfile do it
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = size, 0, 0o644
+            info.uname = info.gname = ""
+            header = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+        else:
+            buf = bytearray(_TEMPLATE)
+            buf[0:100] = encoded.ljust(100, b"\0")
+            buf[124:136] = b"%011o\0" % size
+            buf[148:156] = b"        "
+            buf[148:155] = b"%06o\0" % sum(buf)
+            header = bytes(buf)
+        pad = -size % BLOCK
+        self._pending += (header, data, bytes(pad)) if pad else (header, data)
+        self._offset += len(header) + size + pad
 
     def write(self, key: str, src_ids: list[int], tgt_ids: list[int], src: str, tgt: str) -> None:
         """Append one sample (``src_ids`` already ends with EOS; ``tgt_ids`` has no BOS/EOS)."""
@@ -87,10 +139,24 @@ class ShardWriter:
         self._add(f"{key}.src.txt", src.encode("utf-8"))
         self._add(f"{key}.tgt.txt", tgt.encode("utf-8"))
         self.samples += 1
+        if len(self._pending) > 4096:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._out.write(b"".join(self._pending))
+        self._pending = []
+
+    def _finish_tar(self) -> None:
+        """The end-of-archive marker as ``TarFile.close`` writes it."""
+        end = 2 * BLOCK
+        end += -(self._offset + end) % _RECORD
+        self._pending.append(bytes(end))
+        self._flush()
 
     def close(self) -> tuple[str, int]:
         """Finish the tar, fsync, rename into place; returns (sha256, bytes)."""
-        self._tar.close()
+        self._finish_tar()
+        self._close_streams()
         with open(self.tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(self.tmp, self.path)
@@ -99,9 +165,16 @@ class ShardWriter:
     def abort(self) -> None:
         """Drop the temporary file (on an error)."""
         try:
-            self._tar.close()
+            self._close_streams()
         finally:
             self.tmp.unlink(missing_ok=True)
+
+    def _close_streams(self) -> None:
+        try:
+            if self._gz is not None:
+                self._gz.close()
+        finally:
+            self._raw.close()
 
 
 @dataclass
@@ -117,7 +190,6 @@ class ShardReadError(Exception):
     """The shard stopped being readable (tar error, missing file); ``read`` samples came first."""
 
 
-BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 
 
@@ -150,7 +222,8 @@ def _tar_members(f: BinaryIO, want: Callable[[str], bool]) -> Iterator[tuple[str
             size = _octal(header[124:136])
         except ValueError:
             raise ValueError(f"invalid tar header at byte {f.tell() - BLOCK}") from None
-        if stored != sum(header[:148]) + 256 + sum(header[156:]):
+        # The checksum counts its own 8-byte field as spaces (8 * 32 = 256).
+        if stored != sum(header) - sum(header[148:156]) + 256:
             raise ValueError(f"bad tar header checksum at byte {f.tell() - BLOCK}")
         kind = header[156:157]
         padded = -(-size // BLOCK) * BLOCK
@@ -183,6 +256,15 @@ def _tar_members(f: BinaryIO, want: Callable[[str], bool]) -> Iterator[tuple[str
         yield name, data[:size]
 
 
+def _open_shard(path: Path) -> BinaryIO:
+    """A buffered binary stream of the tar bytes of a shard (decompressed for ``.gz``)."""
+    if is_compressed(path):
+        # Seeking forward (over skipped members) decompresses and discards: still sequential.
+        # A small buffer: on damage, only the samples inside the failed read are lost.
+        return io.BufferedReader(gzip.GzipFile(path, "rb"), buffer_size=1 << 16)  # type: ignore[arg-type]
+    return open(path, "rb", buffering=1 << 20)
+
+
 def iter_shard(path: Path, skip_before: int = 0) -> Iterator[RawSample]:
     """Samples of a tar shard in file order, grouped by key (``RawSample.index`` counts them).
 
@@ -202,7 +284,7 @@ def iter_shard(path: Path, skip_before: int = 0) -> Iterator[RawSample]:
         return (index if k == key or key is None else index + 1) >= skip_before
 
     try:
-        with open(path, "rb", buffering=1 << 20) as f:
+        with _open_shard(Path(path)) as f:
             for name, data in _tar_members(f, want):
                 base = name.rsplit("/", 1)[-1]
                 if "." not in base:
@@ -215,8 +297,8 @@ def iter_shard(path: Path, skip_before: int = 0) -> Iterator[RawSample]:
                     key, parts = k, {}
                 if data is not None:
                     parts[ext] = data
-    except (OSError, ValueError) as exc:
-        raise ShardReadError(f"{path.name}: {exc}") from None
+    except (OSError, ValueError, EOFError, zlib.error) as exc:  # EOFError: gzip cut short
+        raise ShardReadError(f"{Path(path).name}: {exc}") from None
     if key is not None:
         yield RawSample(index, key, parts)
 

@@ -30,7 +30,12 @@ def _die(message: str) -> int:
 
 
 def cmd_corpus(args: argparse.Namespace) -> int:
-    from data_pipeline.corpus import CorpusUnavailable, fetch_debian_ende, write_synthetic
+    from data_pipeline.corpus import (
+        CorpusUnavailable,
+        fetch_debian_ende,
+        fetch_wmt14_ende,
+        write_synthetic,
+    )
 
     out = Path(args.dir)
     if args.corpus_command == "synthetic":
@@ -50,8 +55,13 @@ def cmd_corpus(args: argparse.Namespace) -> int:
             )
         except CorpusUnavailable as exc:
             return _die(str(exc))
+    elif args.name == "wmt14-ende":
+        try:
+            stats = fetch_wmt14_ende(out, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        except CorpusUnavailable as exc:
+            return _die(str(exc))
     else:
-        return _die(f"unknown corpus {args.name!r}; known: debian-ende")
+        return _die(f"unknown corpus {args.name!r}; known: debian-ende, wmt14-ende")
     print(json.dumps({"dir": str(out), **stats}, indent=1, default=str))
     return 0
 
@@ -324,9 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
         "fetch",
         help="fetch a real corpus",
         description="debian-ende: human-translated English-German pairs from Debian's archive "
-        "(Ding dictionary, translated package descriptions, optionally gettext catalogs).",
+        "(Ding dictionary, translated package descriptions, optionally gettext catalogs). "
+        "wmt14-ende: the paper's WMT14 task from statmt.org (Europarl v7, Common Crawl, News "
+        "Commentary v9; newstest2013 valid, newstest2014 test; the options below are "
+        "debian-ende's).",
     )
-    fetch.add_argument("name", choices=["debian-ende"], help="which corpus")
+    fetch.add_argument("name", choices=["debian-ende", "wmt14-ende"], help="which corpus")
     fetch.add_argument("dir", help="output directory")
     fetch.add_argument("--gettext", action="store_true", help="also use installed .mo catalogs")
     fetch.add_argument("--valid", type=int, default=1000, help="validation pairs (default 1000)")

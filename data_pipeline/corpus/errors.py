@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 class CorpusUnavailable(Exception):
-    """The Debian archive (or a file in it) could not be reached.
+    """A corpus source (the Debian archive, a statmt.org archive, a file in one) could not be
+    reached or read.
 
     The message is always a single line that names the alternatives, so a CLI can print it as is.
     """
