@@ -9,15 +9,20 @@ peak memory, shard bytes per sample -- measured side by side in one run on a rea
    measured from the first batch on (worker start-up is reported apart).
 3. Padding of the training split at ``--max-tokens`` (4,096), with the loader's windows:
    batching v1 (random order inside ``bucket_width`` buckets of max(S, T): the algorithm up to
-   this change) against the current one, at ``pad_multiple`` 8 and 1.  Padding is split into
-   *rounding* (``B * (S_pad - S_max)``, from rounding the longest row up to the multiple) and
-   *mismatch* (``B * S_max - sum(S)``, rows shorter than the longest), both sides summed; the
-   ``floor`` is the rounding every row pays alone (``round_up(len) - len``), a lower bound for
-   any batching at that multiple.
+   this change) against the current one, at ``pad_multiple`` 8 and 1, for shuffle windows of
+   2,000 (the default ``shuffle_buffer``), 4,000 (tiny preset) and 16,000 samples.  Padding
+   (pad tokens / padded tokens, both sides) is split into *rounding*: what every row pays on
+   its own at that multiple (``round_up(len, m) - len``; zero at 1, the same for any
+   batching), and *mismatch*: the rest, rows padded up to a longer row of their batch.
+   ``fill``: real tokens per batch / (2 * max_tokens).
 4. ``prepare`` with 2 workers on corpora of ``--pairs`` pairs (the real training pairs repeated,
    each repetition with its words rotated, so nothing is an exact duplicate) in a subprocess:
-   pairs/s of the shard stage and peak RSS of the main process, of the largest worker, and of
-   the whole process tree (sampled every 50 ms).
+   pairs/s of the shard stage; peak RSS of the main process and of the largest child (the
+   sentencepiece trainer or an encoder; ``ru_maxrss`` of ``RUSAGE_SELF``/``RUSAGE_CHILDREN``);
+   and the peak of the summed PSS of the whole process tree (sampled every 50 ms; PSS counts
+   pages shared after fork once) during the sentencepiece stage and during the shard stage.
+   The sentencepiece stage grows with the corpus until ``input_sentence_size`` sentences (2M
+   by default, i.e. 1M pairs) and stays there; the shard stage should not grow at all.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ marks = []
 t0 = time.monotonic()
 def log(msg):
     marks.append([time.monotonic() - t0, msg])
+print(json.dumps({"t0": t0}), flush=True)
 m = prepare(Path(args["corpus"]), Path(args["out"]), log=log, progress=False, **args["kw"])
 self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -72,7 +78,7 @@ print(json.dumps({"wall": time.monotonic() - t0, "marks": marks, "main_kb": self
 
 
 def _tree_rss(pid: int) -> int:
-    """Sum of the RSS (bytes) of a process and its descendants, from /proc."""
+    """Sum of the PSS (bytes) of a process and its descendants, from /proc."""
     try:
         import psutil
     except ImportError:  # pragma: no cover - psutil comes with the dev tools
@@ -85,7 +91,8 @@ def _tree_rss(pid: int) -> int:
     total = 0
     for p in procs:
         with contextlib.suppress(psutil.Error):
-            total += p.memory_info().rss
+            # PSS: pages shared after fork (copy-on-write) are counted once in the sum.
+            total += p.memory_full_info().pss
     return total
 
 
@@ -99,13 +106,12 @@ def run_prepare(corpus: Path, out: Path, **kw: Any) -> dict[str, Any]:
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    peak = 0
+    timeline: list[tuple[float, int]] = []  # (monotonic time, tree PSS)
     stop = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
         while not stop.is_set():
-            peak = max(peak, _tree_rss(proc.pid))
+            timeline.append((time.monotonic(), _tree_rss(proc.pid)))
             stop.wait(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -115,11 +121,15 @@ def run_prepare(corpus: Path, out: Path, **kw: Any) -> dict[str, Any]:
     sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"prepare of {corpus} failed with exit code {proc.returncode}")
-    res = json.loads(stdout.decode().strip().splitlines()[-1])
-    res["tree_peak"] = peak
+    lines = stdout.decode().strip().splitlines()
+    t0 = json.loads(lines[0])["t0"]  # the child's start on the same monotonic clock
+    res = json.loads(lines[-1])
     marks = res["marks"]
     spm_done = next(t for t, m in marks if "sentencepiece trained" in m)
     train_done = next(t for t, m in marks if m.startswith("prepare: train:"))
+    res["tree_peak"] = max((m for _, m in timeline), default=0)
+    res["spm_peak"] = max((m for t, m in timeline if t - t0 <= spm_done), default=0)
+    res["shard_peak"] = max((m for t, m in timeline if t - t0 > spm_done), default=0)
     train = res["manifest"]["splits"]["train"]
     res["spm_s"] = spm_done
     res["shard_s"] = train_done - spm_done
@@ -256,7 +266,7 @@ def padding_stats(
     seed: int = 1,
 ) -> dict[str, float]:
     """Padding of one epoch batched like the loader does (windows of ``window`` per shard)."""
-    real = padded = rounding = mismatch = floor = n_batches = 0
+    real = padded = floor = n_batches = 0
     empty = np.zeros(0, dtype=np.int64)
     for k, lens in enumerate(shards):
         for ws in range(0, len(lens), window):
@@ -277,20 +287,17 @@ def padding_stats(
                 s = np.array([chunk[i][0] for i in g] or empty)
                 t = np.array([chunk[i][1] for i in g] or empty)
                 b = len(g)
-                s_max, t_max = int(s.max()), int(t.max())
-                s_pad, t_pad = round_up(s_max, pad_multiple), round_up(t_max, pad_multiple)
+                s_pad = round_up(int(s.max()), pad_multiple)
+                t_pad = round_up(int(t.max()), pad_multiple)
                 real += int(s.sum() + t.sum())
                 padded += b * (s_pad + t_pad)
-                rounding += b * (s_pad - s_max + t_pad - t_max)
-                mismatch += b * (s_max + t_max) - int(s.sum() + t.sum())
                 floor += sum(round_up(int(x), pad_multiple) - int(x) for x in (*s, *t))
                 n_batches += 1
     return {
         "padding": (padded - real) / padded,
-        "rounding": rounding / padded,
-        "mismatch": mismatch / padded,
-        "floor": floor / padded,
-        "fill": real / (n_batches * max_tokens),  # real tokens (both sides) per budget
+        "rounding": floor / padded,
+        "mismatch": (padded - real - floor) / padded,
+        "fill": real / (n_batches * 2 * max_tokens),
         "batches": n_batches,
     }
 
@@ -360,10 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'batching':8} {'pad_mult':>8} {'bucket':>6} {'window':>6} {'padding':>8} "
-        f"{'rounding':>8} {'mismatch':>8} {'floor':>6} {'fill':>6} {'batches':>7}"
+        f"{'rounding':>8} {'mismatch':>8} {'fill':>6} {'batches':>7}"
     )
     for pm, bw in ((8, 8), (1, 8), (1, 1)):
-        for window in (2000, 4000):
+        for window in (2000, 4000, 16000):
             for version in (1, 2):
                 r = padding_stats(
                     lens,
@@ -375,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(
                     f"{'v' + str(version):8} {pm:>8} {bw:>6} {window:>6} {r['padding']:>8.1%} "
-                    f"{r['rounding']:>8.1%} {r['mismatch']:>8.1%} {r['floor']:>6.1%} "
+                    f"{r['rounding']:>8.1%} {r['mismatch']:>8.1%} "
                     f"{r['fill']:>6.1%} {r['batches']:>7}"
                 )
 
@@ -384,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## prepare, 2 workers, input_sentence_size {a.spm_sentences}")
         print(
             f"{'pairs':>9} {'wall s':>7} {'spm s':>6} {'shard s':>7} {'pairs/s':>8} "
-            f"{'main MB':>8} {'worker MB':>9} {'tree MB':>8}"
+            f"{'main MB':>8} {'child MB':>8} {'tree spm MB':>11} {'tree shard MB':>13}"
         )
         for pairs in a.pairs:
             corpus = make_corpus(a.corpus, a.work / f"corpus-{pairs}", pairs)
@@ -399,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{pairs:>9} {r['wall']:>7.1f} {r['spm_s']:>6.1f} {r['shard_s']:>7.1f} "
                 f"{r['lines'] / r['shard_s']:>8.0f} {r['main_kb'] / 1024:>8.0f} "
-                f"{r['worker_kb'] / 1024:>9.0f} {r['tree_peak'] / 2**20:>8.0f}"
+                f"{r['worker_kb'] / 1024:>8.0f} {r['spm_peak'] / 2**20:>11.0f} "
+                f"{r['shard_peak'] / 2**20:>13.0f}"
             )
             shutil.rmtree(a.work / f"data-{pairs}", ignore_errors=True)
     print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")

@@ -6,8 +6,14 @@ at it), so the cached and uncached runs do the same number of steps. Without the
 decoder recomputes the whole prefix at every step, which is quadratic in the output length;
 the printed ratio is what incremental decoding buys.
 
+With --mixed it instead times a realistic batch (cache on): 256 sentences whose source lengths
+vary from 5 to 40 tokens, each output ending at its own maximum length floor(src_len + 5), so
+sentences finish at different steps and the searches can drop the finished ones from the
+decoder batch. It also prints the decoder rows fed over the whole search (sum over steps).
+
     .venv/bin/python bench/decode.py            # d_model 256, 3+3 layers, vocab 8000
     .venv/bin/python bench/decode.py --quick    # a few seconds
+    .venv/bin/python bench/decode.py --mixed --threads 1
 """
 
 from __future__ import annotations
@@ -31,17 +37,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--d-ff", type=int, default=1024)
     p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
     p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--batch", type=int, default=16, help="sentences per search call")
+    p.add_argument("--batch", type=int, help="sentences per search call (16; --mixed: 256)")
     p.add_argument("--src-len", type=int, default=30, help="source tokens incl. EOS")
+    p.add_argument("--min-src", type=int, default=5, help="--mixed: shortest source incl. EOS")
+    p.add_argument("--max-src", type=int, default=40, help="--mixed: longest source incl. EOS")
     p.add_argument("--tgt-len", type=int, default=50, help="forced output length incl. EOS")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3, help="timed calls per setting (best kept)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave default)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--quick", action="store_true", help="batch 4, tgt-len 30, 1 repeat")
+    p.add_argument(
+        "--mixed",
+        action="store_true",
+        help="varied source lengths, output length limit src_len + 5, cache only",
+    )
     args = p.parse_args(argv)
+    if args.batch is None:
+        args.batch = 256 if args.mixed else 16
     if args.quick:
-        args.batch, args.tgt_len, args.repeats = 4, 30, 1
+        args.batch, args.tgt_len, args.repeats = (32 if args.mixed else 4), 30, 1
     return args
 
 
@@ -58,11 +73,8 @@ def best_time(fn: Callable[[], object], repeats: int) -> float:
     return min(times)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Time the four (search, cache) settings and print sentences/s and the cache speed-up."""
-    args = parse_args(argv)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+def build_model(args: argparse.Namespace) -> Transformer:
+    """The randomly initialised model of the benchmark, in eval mode on args.device."""
     torch.manual_seed(0)
     cfg = ModelConfig(
         vocab_size=args.vocab,
@@ -73,7 +85,79 @@ def main(argv: list[str] | None = None) -> None:
         decoder_layers=args.layers,
         dropout=0.0,
     )
-    model = Transformer(cfg).to(args.device).eval()
+    return Transformer(cfg).to(args.device).eval()
+
+
+def describe(model: Transformer, args: argparse.Namespace) -> str:
+    """One line naming the model size, device and thread count."""
+    cfg = model.cfg
+    n_params = sum(p.numel() for p in model.parameters())
+    return (
+        f"model: d_model {cfg.d_model}, {cfg.encoder_layers}+{cfg.decoder_layers} layers, "
+        f"vocab {cfg.vocab_size}, {n_params / 1e6:.1f}M params; device {args.device}, "
+        f"{torch.get_num_threads()} threads"
+    )
+
+
+def mixed_batch(args: argparse.Namespace) -> torch.Tensor:
+    """(B, max_src) sources with lengths uniform in [min_src, max_src], EOS last, PAD after."""
+    g = torch.Generator().manual_seed(1)
+    lens = torch.randint(args.min_src, args.max_src + 1, (args.batch,), generator=g)
+    src = torch.full((args.batch, int(lens.max())), PAD_ID, dtype=torch.long)
+    for i, n in enumerate(lens.tolist()):
+        src[i, : n - 1] = torch.randint(4, args.vocab, (n - 1,), generator=g)
+        src[i, n - 1] = EOS_ID
+    return src.to(args.device)
+
+
+def count_rows(model: Transformer, fn: Callable[[], object]) -> int:
+    """Decoder rows fed during one call of fn (sum over decoder calls of the batch size)."""
+    fed = [0]
+    decode = model.decode
+
+    def counting(tgt_in: torch.Tensor, *rest: object, **kw: object) -> torch.Tensor:
+        fed[0] += tgt_in.shape[0]
+        return decode(tgt_in, *rest, **kw)  # type: ignore[arg-type]
+
+    model.decode = counting  # type: ignore[method-assign]
+    try:
+        fn()
+    finally:
+        del model.decode
+    return fed[0]
+
+
+def run_mixed(model: Transformer, args: argparse.Namespace) -> None:
+    """Time greedy and beam search (cache on) on a batch of varied lengths."""
+    src = mixed_batch(args)
+    length = dict(max_len_a=1.0, max_len_b=5)
+    searches: list[tuple[str, Callable[[], object]]] = [
+        ("greedy", lambda: greedy_search(model, src, **length)),
+        (f"beam {args.beam}", lambda: beam_search(model, src, beam=args.beam, **length)),
+    ]
+    src_lens = src.ne(PAD_ID).sum(dim=1)
+    print(describe(model, args))
+    print(
+        f"batch {args.batch} sentences, source {int(src_lens.min())}-{int(src_lens.max())} "
+        f"tokens incl. EOS, max output floor(src_len + 5); cache on"
+    )
+    print(f"{'search':<10}{'sent/s':>10}{'seconds':>10}{'decoder rows':>14}")
+    with torch.inference_mode():
+        for name, fn in searches:
+            rows = count_rows(model, fn)
+            seconds = best_time(fn, args.repeats)
+            print(f"{name:<10}{args.batch / seconds:>10.2f}{seconds:>10.2f}{rows:>14}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Time the four (search, cache) settings and print sentences/s and the cache speed-up."""
+    args = parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    model = build_model(args)
+    if args.mixed:
+        run_mixed(model, args)
+        return
     src = torch.randint(4, args.vocab, (args.batch, args.src_len), device=args.device)  # (B, S)
     src[:, -1] = EOS_ID
     src[1::2, args.src_len // 2 :] = PAD_ID  # half the batch is padded
@@ -94,12 +178,7 @@ def main(argv: list[str] | None = None) -> None:
             full = args.batch / best_time(make(False), args.repeats)
             rows.append((name, cached, full))
 
-    n_params = sum(p.numel() for p in model.parameters())
-    print(
-        f"model: d_model {cfg.d_model}, {cfg.encoder_layers}+{cfg.decoder_layers} layers, "
-        f"vocab {cfg.vocab_size}, {n_params / 1e6:.1f}M params; device {args.device}, "
-        f"{torch.get_num_threads()} threads"
-    )
+    print(describe(model, args))
     print(
         f"batch {args.batch} sentences, source {args.src_len} (half padded to "
         f"{args.src_len // 2}), output forced to {args.tgt_len} tokens; "

@@ -180,6 +180,21 @@ def _init_worker(spm_path: str) -> None:
     _TOKENIZER = Tokenizer(spm_path)
 
 
+ENCODE_BATCH = 4096  # pairs encoded at a time: ids as Python lists cost ~36 bytes per token
+
+
+def _encoded(
+    tok: Tokenizer, live: list[tuple[int, tuple[str, str]]]
+) -> Iterator[tuple[tuple[int, tuple[str, str]], list[int], list[int]]]:
+    """``(item, src ids, tgt ids)`` for each item of ``live``, encoded in slices so a worker
+    never holds the ids of a whole shard."""
+    for start in range(0, len(live), ENCODE_BATCH):
+        part = live[start : start + ENCODE_BATCH]
+        src_ids = tok.encode([p[0].strip() for _, p in part])
+        tgt_ids = tok.encode([p[1].strip() for _, p in part])
+        yield from zip(part, src_ids, tgt_ids, strict=True)
+
+
 def _encode_chunk(job: dict[str, Any]) -> dict[str, Any]:
     """Encode ``job["pairs"]`` (None marks a duplicate) and write the shard; returns its record.
 
@@ -200,12 +215,10 @@ def _encode_chunk(job: dict[str, Any]) -> dict[str, Any]:
         kept = [(i, p) for i, p in live if p[0].strip() and p[1].strip()]
         counts["empty"] = len(live) - len(kept)
         live = kept
-    src_ids = tok.encode([p[0].strip() for _, p in live])
-    tgt_ids = tok.encode([p[1].strip() for _, p in live])
     writer = ShardWriter(Path(job["out_path"]), job["dtype"])
     n_src = n_tgt = 0
     try:
-        for (i, (src, tgt)), s, t in zip(live, src_ids, tgt_ids, strict=True):
+        for (i, (src, tgt)), s, t in _encoded(tok, live):
             if clean:
                 # Lengths as the loader sees them: src + EOS, and BOS/EOS + tgt.
                 if len(s) + 1 > max_len or len(t) + 1 > max_len:
@@ -317,6 +330,32 @@ def _sample_for_spm(
         for text in reservoir:
             f.write(text.replace("\n", " ") + "\n")
     return len(reservoir)
+
+
+def _train_spm(a: dict[str, Any]) -> tuple[int, float]:
+    """Sample the training sentences and train ``out_dir/spm.model``; (sentences, seconds)."""
+    started = time.monotonic()
+    out_dir = Path(a["out_dir"])
+    sample_path = out_dir / ".spm-sample.txt"
+    try:
+        n = _sample_for_spm(
+            PairReader([Path(f) for f in a["files"]]),
+            a["input_sentence_size"],
+            a["seed"],
+            sample_path,
+            a["progress"],
+        )
+        train_sentencepiece(
+            [sample_path],
+            out_dir / "spm",
+            a["vocab_size"],
+            model_type=a["model_type"],
+            input_sentence_size=a["input_sentence_size"],
+            seed=a["seed"],
+        )
+    finally:
+        sample_path.unlink(missing_ok=True)
+    return n, time.monotonic() - started
 
 
 def _load_progress(out_dir: Path, params: dict) -> dict[str, dict]:
@@ -437,24 +476,28 @@ def prepare(
     if spm_rec and spm_path.is_file() and sha256_file(spm_path) == spm_rec["sha256"]:
         log(f"prepare: reusing {spm_path}")
     else:
-        sample_path = out_dir / ".spm-sample.txt"
-        spm_started = time.monotonic()
-        try:
-            n = _sample_for_spm(
-                PairReader(inputs["train"]), input_sentence_size, seed, sample_path, progress
-            )
-            log(f"prepare: training sentencepiece ({model_type}, {vocab_size}) on {n} sentences")
-            train_sentencepiece(
-                [sample_path],
-                out_dir / "spm",
-                vocab_size,
-                model_type=model_type,
-                input_sentence_size=input_sentence_size,
-                seed=seed,
-            )
-            log(f"prepare: sentencepiece trained in {time.monotonic() - spm_started:.1f}s")
-        finally:
-            sample_path.unlink(missing_ok=True)
+        log(
+            f"prepare: training sentencepiece ({model_type}, {vocab_size}) on up to "
+            f"{input_sentence_size} sentences of the training split"
+        )
+        spm_args = {
+            "files": [str(f) for f in inputs["train"]],
+            "out_dir": str(out_dir),
+            "vocab_size": vocab_size,
+            "model_type": model_type,
+            "input_sentence_size": input_sentence_size,
+            "seed": seed,
+            "progress": progress,
+        }
+        if workers > 0:
+            # In a child process: the sentence sample and sentencepiece's own memory (both grow
+            # with the corpus up to input_sentence_size) go back to the OS when it exits, and
+            # the encoder processes forked afterwards do not inherit them.
+            with ProcessPoolExecutor(max_workers=1, mp_context=_mp_context()) as one:
+                n, seconds = one.submit(_train_spm, spm_args).result()
+        else:
+            n, seconds = _train_spm(spm_args)
+        log(f"prepare: sentencepiece trained on {n} sentences in {seconds:.1f}s")
         # Shards encoded with an older model are invalid now.
         if records:
             start_over()

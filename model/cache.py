@@ -35,7 +35,22 @@ class DecoderCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (LongTensor (B',)) in that order, in place (beam search)."""
-        for kv in (*self.self_kv, *self.cross_kv):
+        self.reorder_self(index)
+        self.reorder_cross(index)
+
+    def reorder_self(self, index: Tensor) -> None:
+        """Like `reorder`, but only the self-attention entries and the target padding.
+
+        Enough on its own when `index` maps every row to a row of the same source sentence
+        (beam search reshuffling one sentence's beams): the cross-attention entries of those
+        rows are identical, so copying them would change nothing.
+        """
+        for kv in self.self_kv:
             kv.reorder(index)
         if self.tgt_pad_mask is not None:
             self.tgt_pad_mask = self.tgt_pad_mask.index_select(0, index)
+
+    def reorder_cross(self, index: Tensor) -> None:
+        """Keep rows `index` of the cross-attention entries only (see `reorder_self`)."""
+        for kv in self.cross_kv:
+            kv.reorder(index)

@@ -1,9 +1,12 @@
 """Greedy and batched beam search over a trained Transformer.
 
-Both searches decode every sentence of the batch (times every beam) in one decoder call per
-step. With `use_cache` (the default) each call feeds only the newest token and the decoder
-keeps keys/values in a DecoderCache; without it the whole prefix is recomputed each step,
-which is slower but useful to measure what the cache buys (bench/decode.py).
+Both searches decode every live sentence of the batch (times every beam) in one decoder call
+per step. As in fairseq, a sentence whose search is over is dropped from the decoder batch at
+once (its rows leave the prefixes, the encoder output and the cache), so a batch pays for
+each sentence's own length rather than the longest one's; results are written back in the
+input order. With `use_cache` (the default) each call feeds only the newest token and the
+decoder keeps keys/values in a DecoderCache; without it the whole prefix is recomputed each
+step, which is slower but useful to measure what the cache buys (bench/decode.py).
 
 Lengths: a sentence's output may have at most max_len = floor(a * src_len + b) tokens
 counting the final EOS (src_len = non-pad source tokens, EOS included); at step max_len only
@@ -85,23 +88,35 @@ def greedy_search(
     """Most probable next token at every step; returns each sentence's tokens (no BOS/EOS).
 
     src (B, S), PAD_ID-padded, each sentence ending with EOS. Call model.eval() first.
+    A sentence leaves the decoder batch at the step where it emits EOS.
     """
     b = src.shape[0]
+    device = src.device
     enc = model.encode(src)
-    lens = max_lengths(src, max_len_a, max_len_b).to(src.device)  # (B,)
-    tokens = torch.full((b, 1), BOS_ID, dtype=torch.long, device=src.device)  # (B, 1)
-    finished = torch.zeros(b, dtype=torch.bool, device=src.device)  # (B,)
+    lens = max_lengths(src, max_len_a, max_len_b).to(device)  # (A,) A = live sentences
+    max_steps = int(lens.max())
+    tokens = torch.full((b, 1), BOS_ID, dtype=torch.long, device=device)  # (A, 1)
+    active = torch.arange(b, device=device)  # (A,) input position of each live sentence
+    out: list[list[int]] = [[] for _ in range(b)]
     cache = DecoderCache() if use_cache else None
-    for step in range(1, int(lens.max()) + 1):
-        lprobs = _next_log_probs(model, tokens, enc, cache, step, lens, min_len)  # (B, V)
-        nxt = lprobs.argmax(dim=-1).masked_fill(finished, PAD_ID)  # (B,)
-        tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, step + 1)
-        finished |= nxt.eq(EOS_ID)
-        if bool(finished.all()):
+    for step in range(1, max_steps + 1):
+        lprobs = _next_log_probs(model, tokens, enc, cache, step, lens, min_len)  # (A, V)
+        nxt = lprobs.argmax(dim=-1)  # (A,)
+        tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (A, step + 1)
+        ended = nxt.eq(EOS_ID)  # (A,)
+        if not bool(ended.any()):
+            continue
+        for i, row in zip(active[ended].tolist(), tokens[ended, 1:-1].tolist(), strict=True):
+            out[i] = row
+        keep = (~ended).nonzero().squeeze(1)  # (A',) live rows that go on
+        tokens, active, lens = tokens[keep], active[keep], lens[keep]
+        if keep.numel() == 0:
             break
-    out: list[list[int]] = []
-    for row in tokens[:, 1:].tolist():
-        out.append(row[: row.index(EOS_ID)] if EOS_ID in row else row)
+        enc = enc.select(keep)
+        if cache is not None:
+            cache.reorder(keep)
+    for i, row in zip(active.tolist(), tokens[:, 1:].tolist(), strict=True):
+        out[i] = row  # reached the last step without EOS
     return out
 
 
@@ -128,75 +143,91 @@ def beam_search(
     hypothesis already ranked below all of them; beam 1 is then exactly greedy search) or,
     with early_stop False, no live hypothesis can still beat the beam-th finished one even
     at the most favourable length penalty (an exact bound, since log-probs are <= 0).
+    A done sentence leaves the decoder batch (all its `beam` rows) at once.
     """
     if nbest > beam:
         raise ValueError(f"nbest={nbest} > beam={beam}")
     n, k = src.shape[0], beam
     device = src.device
     rows = torch.arange(n, device=device).repeat_interleave(k)  # (N*K,)
-    enc = model.encode(src).select(rows)  # out (N*K, S, D)
+    enc = model.encode(src).select(rows)  # out (A*K, S, D), A = live sentences
     lens = max_lengths(src, max_len_a, max_len_b)  # (N,)
-    lens_rows = lens.to(device).repeat_interleave(k)  # (N*K,)
+    lens_rows = lens.to(device).repeat_interleave(k)  # (A*K,)
     lens_list = lens.tolist()
-    tokens = torch.full((n * k, 1), BOS_ID, dtype=torch.long, device=device)  # (N*K, 1)
-    scores = torch.full((n, k), -math.inf, device=device)  # (N, K) raw sums of log-probs
+    tokens = torch.full((n * k, 1), BOS_ID, dtype=torch.long, device=device)  # (A*K, 1)
+    scores = torch.full((n, k), -math.inf, device=device)  # (A, K) raw sums of log-probs
     scores[:, 0] = 0.0  # all beams start identical: only one may expand at step 1
+    active = torch.arange(n, device=device)  # (A,) input position of each live sentence
+    n_finished = torch.zeros(n, dtype=torch.long, device=device)  # (A,)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
-    done = [False] * n
+    slots = torch.arange(k, device=device)  # (K,)
     cache = DecoderCache() if use_cache else None
     for step in range(1, max(lens_list) + 1):
-        lprobs = _next_log_probs(model, tokens, enc, cache, step, lens_rows, min_len)  # (N*K, V)
+        a = scores.shape[0]
+        lprobs = _next_log_probs(model, tokens, enc, cache, step, lens_rows, min_len)  # (A*K, V)
         v = lprobs.shape[-1]
-        cand = (scores[:, :, None] + lprobs.view(n, k, v)).view(n, k * v)  # (N, K*V)
-        top_s, top_i = cand.topk(min(2 * k, k * v), dim=1)  # (N, 2K)
-        top_s_l, top_i_l = top_s.tolist(), top_i.tolist()
-        prefixes = tokens[:, 1:].tolist()
-        src_rows: list[int] = []
-        new_tok: list[int] = []
-        new_scores: list[float] = []
-        for i in range(n):
-            base = i * k
-            alive = 0
-            if not done[i]:
-                for r, (s, idx) in enumerate(zip(top_s_l[i], top_i_l[i], strict=True)):
-                    if s == -math.inf:
-                        break
-                    beam_idx, tok = divmod(idx, v)
-                    if tok == EOS_ID:
-                        if r < k:
-                            lp = length_penalty(step, lenpen)
-                            finished[i].append(Hypothesis(prefixes[base + beam_idx], s / lp))
-                        continue
-                    src_rows.append(base + beam_idx)
-                    new_tok.append(tok)
-                    new_scores.append(s)
-                    alive += 1
-                    if alive == k:
-                        break
-                best_alive = new_scores[len(new_scores) - alive] if alive else -math.inf
-                if alive == 0:
-                    done[i] = True
-                elif len(finished[i]) >= k:
-                    if early_stop:
-                        done[i] = True
-                    else:
-                        kth = sorted(h.score for h in finished[i])[-k]
-                        bound = best_alive / length_penalty(lens_list[i], lenpen)
-                        done[i] = kth >= bound
-            for j in range(alive, k):  # dead or done slots: keep a row, feed padding
-                src_rows.append(base + j)
-                new_tok.append(PAD_ID)
-                new_scores.append(-math.inf)
-            if done[i]:  # nothing of this sentence may be extended any more
-                for j in range(k):
-                    new_tok[base + j] = PAD_ID
-                    new_scores[base + j] = -math.inf
-        if all(done):
-            break
-        index = torch.tensor(src_rows, dtype=torch.long, device=device)  # (N*K,)
-        nxt = torch.tensor(new_tok, dtype=torch.long, device=device)  # (N*K,)
-        tokens = torch.cat([tokens.index_select(0, index), nxt[:, None]], dim=1)  # (N*K, step+1)
-        scores = torch.tensor(new_scores, device=device).view(n, k)  # (N, K)
+        cand = (scores[:, :, None] + lprobs.view(a, k, v)).view(a, k * v)  # (A, K*V)
+        top_s, top_i = cand.topk(min(2 * k, k * v), dim=1)  # (A, C) best first
+        c = top_s.shape[1]
+        beam_idx, tok = top_i.div(v, rounding_mode="floor"), top_i.remainder(v)  # (A, C)
+        valid = top_s.ne(-math.inf)  # (A, C) a prefix of each row: -inf sorts last
+        is_eos = tok.eq(EOS_ID) & valid
+        extend = valid & ~is_eos
+        taken = extend & extend.cumsum(dim=1).le(k)  # (A, C) the first K extensions
+        n_alive = taken.sum(dim=1)  # (A,)
+        ends = is_eos[:, :k]  # (A, K) EOS among the first K ranks: finished hypotheses
+        if bool(ends.any()):
+            ei, er = ends.nonzero(as_tuple=True)  # by sentence, then by rank
+            ended_rows = ei * k + beam_idx[ei, er]
+            lp = length_penalty(step, lenpen)
+            for i, prefix, s in zip(
+                active[ei].tolist(),
+                tokens[ended_rows, 1:].tolist(),
+                top_s[ei, er].tolist(),
+                strict=True,
+            ):
+                finished[i].append(Hypothesis(prefix, s / lp))
+            n_finished += ends.sum(dim=1)
+        # the K live slots take the extensions in rank order; slots past n_alive are dead:
+        # they keep their own row and are fed padding at score -inf
+        rank_key = torch.where(taken, c - torch.arange(c, device=device), 0)  # (A, C)
+        pick = rank_key.topk(k, dim=1).indices  # (A, K)
+        live = slots[None, :] < n_alive[:, None]  # (A, K)
+        new_scores = top_s.gather(1, pick).masked_fill(~live, -math.inf)  # (A, K)
+        new_tok = tok.gather(1, pick).masked_fill(~live, PAD_ID)  # (A, K)
+        src_beam = torch.where(live, beam_idx.gather(1, pick), slots[None, :])  # (A, K)
+        done = n_alive.eq(0)  # (A,)
+        full = n_finished.ge(k) & ~done  # (A,)
+        if early_stop:
+            done |= full
+        elif bool(full.any()):
+            idx = full.nonzero().squeeze(1)
+            stop = []
+            for i, best_alive in zip(
+                active[idx].tolist(), new_scores[idx, 0].tolist(), strict=True
+            ):
+                kth = sorted(h.score for h in finished[i])[-k]
+                stop.append(kth >= best_alive / length_penalty(lens_list[i], lenpen))
+            done[idx[torch.tensor(stop, device=device)]] = True
+        src_sent = torch.arange(a, device=device)  # (A',) old position of each kept sentence
+        if bool(done.any()):
+            src_sent = (~done).nonzero().squeeze(1)
+            if src_sent.numel() == 0:
+                break
+            keep_rows = (src_sent[:, None] * k + slots).view(-1)  # (A'*K,)
+            active, n_finished = active[src_sent], n_finished[src_sent]
+            new_scores, new_tok, src_beam = (
+                new_scores[src_sent],
+                new_tok[src_sent],
+                src_beam[src_sent],
+            )
+            enc = enc.select(keep_rows)
+            lens_rows = lens_rows[keep_rows]
+            if cache is not None:
+                cache.reorder_cross(keep_rows)
+        index = (src_sent[:, None] * k + src_beam).view(-1)  # (A'*K,) rows of the old batch
+        tokens = torch.cat([tokens.index_select(0, index), new_tok.view(-1, 1)], dim=1)
+        scores = new_scores  # (A', K)
         if cache is not None:
-            cache.reorder(index)
+            cache.reorder_self(index)  # beams move only within their sentence
     return [sorted(h, key=lambda x: -x.score)[:nbest] for h in finished]

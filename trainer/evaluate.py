@@ -5,7 +5,6 @@ Both are sharded across ranks and reduced, so every rank runs the same number of
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from data_pipeline.loader import TokenBatchStream
 from data_pipeline.tokenizer import Tokenizer
 from model.loss import label_smoothed_loss
 from model.search import greedy_search
+from model.transformer import Transformer
 from trainer.dist import DistEnv
 
 
@@ -81,6 +81,27 @@ def validation_loss(
     return {"valid_loss": loss_sum / tokens, "valid_ppl": math.exp(min(nll_sum / tokens, 50.0))}
 
 
+def decoding_model(engine: Any) -> torch.nn.Module:
+    """The module to decode with: the engine's own, or under ZeRO-3 a full local copy.
+
+    ZeRO-3 gathers a submodule's parameters only around that submodule's forward, so a search
+    that calls `encode`/`decode` directly (and the tied output projection, which uses the
+    embedding outside the embedding's forward) needs the parameters gathered once into a plain
+    module. Collective: every rank must call it.
+    """
+    module = engine.module
+    if engine.zero_optimization_stage() < 3:
+        return module
+    import deepspeed
+
+    params = list(module.parameters())
+    with deepspeed.zero.GatheredParameters(params):
+        state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    copy = Transformer(module.cfg).to(device=next(iter(state.values())).device)
+    copy.load_state_dict(state)
+    return copy.to(dtype=next(iter(state.values())).dtype)
+
+
 @torch.no_grad()
 def validation_bleu(
     engine: Any,
@@ -103,14 +124,9 @@ def validation_bleu(
     per_rank = math.ceil(samples / env.world_size)
     hyps: list[str] = []
     refs: list[str] = []
-    model = engine.module
+    model = decoding_model(engine)
     model.eval()
-    gather = contextlib.nullcontext()
-    if engine.zero_optimization_stage() == 3:
-        import deepspeed
-
-        gather = deepspeed.zero.GatheredParameters(list(model.parameters()))
-    with gather:
+    with torch.inference_mode():
         for batch in stream:
             if len(refs) >= per_rank:
                 break
@@ -118,7 +134,7 @@ def validation_bleu(
             out = greedy_search(model, batch.src)
             hyps.extend(tokenizer.decode(out))
             refs.extend(batch.tgt_text)
-    model.train()
+    engine.module.train()
     hyps, refs = hyps[:per_rank], refs[:per_rank]
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(gathered, (hyps, refs))

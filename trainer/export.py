@@ -7,8 +7,10 @@ nothing that is unpickled when read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,9 @@ def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
     """fp32 master weights merged from every rank's optimizer partition."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+    # DeepSpeed reports its progress on stdout; keep stdout for the caller's own output.
+    with contextlib.redirect_stdout(sys.stderr):
+        state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
     return {k: v.detach().float().contiguous() for k, v in state.items()}
 
 

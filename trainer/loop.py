@@ -276,6 +276,15 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
         )
 
     def evaluate(with_bleu: bool) -> dict[str, float]:
+        """Validation metrics; the RNG streams are put back afterwards, so that a run's
+        training does not depend on when it evaluated (a resumed run evaluates at its end)."""
+        rng = checkpoint.rng_state()
+        try:
+            return _evaluate(with_bleu)
+        finally:
+            checkpoint.set_rng_state(rng)
+
+    def _evaluate(with_bleu: bool) -> dict[str, float]:
         out = validation_loss(
             engine,
             data_dir,

@@ -294,3 +294,31 @@ def test_lost_tokenizer_redoes_every_shard(prepared_copy: Path, corpus_dir: Path
     assert [s["sha256"] for s in after["splits"]["train"]["shards"]] == [
         s["sha256"] for s in before["splits"]["train"]["shards"]
     ]
+
+
+def test_encoding_in_slices_and_tokenizer_in_a_child(
+    tmp_path: Path, corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers encode a shard in slices (same bytes as whole), and with workers > 0 the
+    sentencepiece sample and training run in a child process (their memory is not kept)."""
+    import os
+
+    import data_pipeline.prepare as prep
+
+    pids = tmp_path / "pids"
+    real = prep.train_sentencepiece
+
+    def spy(*args: object, **kw: object) -> Path:
+        with open(pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prep, "train_sentencepiece", spy)
+    whole, _ = _prep(corpus_dir, tmp_path / "a", workers=0)
+    monkeypatch.setattr(prep, "ENCODE_BATCH", 7)
+    sliced, lines = _prep(corpus_dir, tmp_path / "b", workers=2)
+    shas = [[s["sha256"] for s in m["splits"]["train"]["shards"]] for m in (whole, sliced)]
+    assert shas[0] == shas[1]
+    inline, child = (int(p) for p in pids.read_text().split())
+    assert inline == os.getpid() and child != os.getpid()  # workers=0: inline; else a child
+    assert any("sentencepiece trained on" in line for line in lines)

@@ -152,3 +152,48 @@ def test_exact_stopping_is_never_worse_than_early_stopping() -> None:
         gains += [b[0].score - a[0].score for a, b in zip(early, exact, strict=True)]
     assert min(gains) > -1e-6
     assert max(gains) > 0.1
+
+
+def count_decoder_rows(model: Transformer) -> list[int]:
+    """Patch model.decode to record the batch size of every call (undo with `del`)."""
+    rows: list[int] = []
+    decode = model.decode
+
+    def counting(tgt_in: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        rows.append(tgt_in.shape[0])
+        return decode(tgt_in, *args, **kwargs)  # type: ignore[arg-type]
+
+    model.decode = counting  # type: ignore[method-assign]
+    return rows
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_finished_sentences_leave_the_batch(use_cache: bool) -> None:
+    # Very different source lengths (so max lengths of 4 to 32 tokens) and a raised EOS logit:
+    # sentences end at very different steps, and each must leave the decoder batch then,
+    # without changing any output.
+    model = eos_happy_model(4, eos_boost=0.5)
+    lens = [2, 30, 4, 25, 3, 12, 2, 18]
+    src = padded_batch(lens, vocab=40, seed=4)
+    length = dict(max_len_a=1.0, max_len_b=2, use_cache=use_cache)
+    rows = count_decoder_rows(model)
+    greedy = greedy_search(model, src, **length)  # type: ignore[arg-type]
+    greedy_rows = list(rows)
+    rows.clear()
+    batched = beam_search(model, src, beam=3, nbest=3, **length)  # type: ignore[arg-type]
+    beam_rows = list(rows)
+    del model.decode
+    for calls, per_sentence in ((greedy_rows, 1), (beam_rows, 3)):
+        assert calls[0] == len(lens) * per_sentence
+        assert all(b <= a for a, b in itertools.pairwise(calls))  # never grows
+        assert calls[-1] == per_sentence  # the longest sentence ends alone
+        assert len(set(calls)) >= 4  # sentences left at several different steps
+        assert sum(calls) < 0.6 * len(calls) * calls[0]
+    assert len({len(y) for y in greedy}) >= 4
+    assert len({len(h[0].tokens) for h in batched}) >= 4
+    for i, n in enumerate(lens):
+        row = src[i : i + 1, :n]  # (1, n) unpadded
+        assert greedy_search(model, row, **length)[0] == greedy[i]  # type: ignore[arg-type]
+        alone = beam_search(model, row, beam=3, nbest=3, **length)[0]  # type: ignore[arg-type]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
+        assert all(abs(a.score - b.score) < 1e-4 for a, b in zip(alone, batched[i], strict=True))
