@@ -320,10 +320,21 @@ def main(argv: list[str] | None = None) -> int:
         help="prepare's input_sentence_size for the --pairs runs (default: prepare's, 2M)",
     )
     p.add_argument("--skip-loader", action="store_true")
+    p.add_argument("--prepare-only", action="store_true", help="only the --pairs runs (4.)")
     a = p.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     print(f"# bench.data  corpus={a.corpus}  load average {os.getloadavg()[0]:.1f} at start")
 
+    if not a.prepare_only:
+        measure_data(a)
+    if a.pairs:
+        measure_prepare(a)
+    print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
+    return 0
+
+
+def measure_data(a: argparse.Namespace) -> None:
+    """Sections 1-3: shard bytes, loader tokens/s, padding."""
     # 1. shards: plain and gzip.
     data: dict[str, Path] = {}
     prep: dict[str, dict[str, Any]] = {}
@@ -386,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['fill']:>6.1%} {r['batches']:>7}"
                 )
 
-    # 4. prepare scaling.
+
+def measure_prepare(a: argparse.Namespace) -> None:
+    """Section 4: prepare pairs/s and peak memory against corpus size."""
     if a.pairs:
         print(f"\n## prepare, 2 workers, input_sentence_size {a.spm_sentences}")
         print(
@@ -410,8 +423,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['shard_peak'] / 2**20:>13.0f}"
             )
             shutil.rmtree(a.work / f"data-{pairs}", ignore_errors=True)
-    print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
-    return 0
 
 
 if __name__ == "__main__":

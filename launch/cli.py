@@ -82,6 +82,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         vocab_size = load_config(args.config, []).data.vocab_size if args.config else 37000
     if vocab_size < 8:
         return _die(f"--vocab-size must be >= 8, got {vocab_size}")
+    if args.shard_samples < 1:
+        return _die(f"--shard-samples must be >= 1, got {args.shard_samples}")
     if args.workers < 1:
         return _die(f"--workers must be >= 1, got {args.workers}")
     try:
@@ -93,6 +95,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             tgt_lang=args.tgt,
             workers=args.workers,
             seed=args.seed,
+            shard_samples=args.shard_samples,
         )
     except ValueError as exc:
         return _die(str(exc).splitlines()[0])
@@ -373,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--src", default="en")
     prep.add_argument("--tgt", default="de")
     prep.add_argument("--workers", type=int, default=2, help="encoding processes (default 2)")
+    prep.add_argument(
+        "--shard-samples", type=int, default=100_000, help="pairs per shard (default 100000)"
+    )
     prep.add_argument("--seed", type=int, default=1)
     prep.set_defaults(func=cmd_prepare)
 

@@ -15,6 +15,8 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -142,11 +144,66 @@ def load(
     Returns (client_state, every saving rank's own state in rank order): a resumed rank needs
     all of them when the world size changed (the data position is re-dealt across ranks).
     """
+    load_dir = ckpt_dir
+    if engine.load_universal_checkpoint():
+        load_dir = ckpt_dir / UNIVERSAL
     path, client_state = engine.load_checkpoint(
-        str(ckpt_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        str(load_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
     )
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {ckpt_dir / tag}")
     files = sorted((ckpt_dir / tag).glob("rank_*.pt"))
     rank_states = [torch.load(f, weights_only=True) for f in files]
     return client_state or {}, rank_states
+
+
+UNIVERSAL = "universal"
+
+
+def saved_world_size(ckpt_dir: Path, tag: str) -> int:
+    """How many ranks wrote checkpoint `tag` (one rank-state file each)."""
+    return len(list((ckpt_dir / tag).glob("rank_*.pt")))
+
+
+def saved_meta(ckpt_dir: Path, tag: str) -> dict[str, Any]:
+    return json.loads((ckpt_dir / tag / META).read_text())
+
+
+def accumulation_for(old_accum: int, old_world: int, new_world: int) -> int:
+    """Accumulation that keeps the global batch (accum x world) of the saving run."""
+    total = old_accum * old_world
+    if total % new_world:
+        raise ValueError(
+            f"cannot keep the global batch of {old_world} ranks x {old_accum} accumulation "
+            f"on {new_world} ranks: {total} micro-batches per step is not divisible by {new_world}"
+        )
+    return total // new_world
+
+
+def ensure_universal(ckpt_dir: Path, tag: str) -> Path:
+    """Convert `tag` to DeepSpeed's universal format (once; rank 0 only) and return the
+    directory to pass to `load_checkpoint` with `load_universal` on.
+
+    A universal checkpoint stores every parameter's fp32 weights and optimizer moments whole,
+    so a run saved on N ranks can continue on M. The conversion writes to a temporary
+    directory renamed into place, so an interrupted one is redone, never half-used.
+    """
+    root = ckpt_dir / UNIVERSAL
+    out = root / tag
+    if not (out / "complete").is_file():
+        tmp = root / f".{tag}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder", str(ckpt_dir / tag), "--output_folder", str(tmp),
+            "--num_extract_workers", "1", "--num_merge_workers", "1",
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+            raise RuntimeError(f"universal conversion of {ckpt_dir / tag} failed: {tail}")
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+        write_atomic(out / "complete", tag + "\n")
+    return root

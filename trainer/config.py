@@ -67,6 +67,7 @@ class TrainConfig:
     bleu_every: int = 0  # BLEU by greedy decoding on a validation subset; 0 = only at the end
     bleu_samples: int = 200
     save_every: int = 0  # steps; 0 = only at the end
+    save_every_minutes: float = 0.0  # wall-clock minutes on rank 0; 0 = off
     keep_last: int = 5
     device: str = "auto"  # auto | cpu | cuda
 
@@ -78,6 +79,8 @@ class TrainConfig:
         for key in ("eval_every", "eval_max_batches", "bleu_every", "save_every", "seed"):
             if not _non_negative_int(getattr(self, key)):
                 out.append((key, f"must be a non-negative integer, got {getattr(self, key)!r}"))
+        if not isinstance(self.save_every_minutes, (int, float)) or self.save_every_minutes < 0:
+            out.append(("save_every_minutes", f"must be >= 0, got {self.save_every_minutes!r}"))
         if self.zero_stage not in (0, 1, 2, 3):
             out.append(("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage!r}"))
         if self.precision not in ("bf16", "fp16", "fp32"):

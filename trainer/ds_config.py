@@ -11,7 +11,9 @@ from trainer.config import OptimConfig, TrainConfig
 BUCKET_ELEMENTS = 500_000_000
 
 
-def build_ds_config(train: TrainConfig, optim: OptimConfig, world_size: int) -> dict[str, Any]:
+def build_ds_config(
+    train: TrainConfig, optim: OptimConfig, world_size: int, load_universal: bool = False
+) -> dict[str, Any]:
     """Engine settings: ZeRO stage, precision, accumulation and clipping.
 
     Micro-batches are sized in tokens, not samples, so `train_micro_batch_size_per_gpu` is a
@@ -42,6 +44,8 @@ def build_ds_config(train: TrainConfig, optim: OptimConfig, world_size: int) -> 
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
     }
+    if load_universal:  # resuming a checkpoint saved on another number of ranks
+        config["checkpoint"] = {"load_universal": True}
     if train.precision == "bf16":
         config["bf16"] = {"enabled": True}
     elif train.precision == "fp16":

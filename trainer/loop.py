@@ -67,7 +67,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_engine(job: Job, model_cfg: ModelConfig, env: DistEnv) -> Any:
+def build_engine(
+    job: Job, model_cfg: ModelConfig, env: DistEnv, load_universal: bool = False
+) -> Any:
     """The model inside a DeepSpeed engine with Adam and the inverse-sqrt client scheduler."""
     import deepspeed
 
@@ -90,7 +92,7 @@ def build_engine(job: Job, model_cfg: ModelConfig, env: DistEnv) -> Any:
         model=model,
         optimizer=optimizer,
         lr_scheduler=scheduler,
-        config=build_ds_config(job.train, job.optim, env.world_size),
+        config=build_ds_config(job.train, job.optim, env.world_size, load_universal),
     )
     return engine
 
@@ -184,25 +186,25 @@ def skipped_counts(stream: TokenBatchStream) -> list[float]:
 
 
 def train_step(
-    engine: Any, batches: list[Batch], env: DistEnv, epsilon: float, stop_requested: bool
-) -> tuple[torch.Tensor, bool]:
+    engine: Any, batches: list[Batch], env: DistEnv, epsilon: float, flags: list[bool]
+) -> tuple[torch.Tensor, list[bool]]:
     """One optimizer step over `batches` (the accumulation micro-batches of this rank).
 
     The gradient is that of (sum of token losses over all ranks and micro-batches) / (target
     tokens of the whole step), as in fairseq; DeepSpeed averages over ranks and divides by the
     accumulation count, which the factor `world * accum / tokens` undoes. The one all-reduce
-    that counts the step's tokens also carries this rank's stop request, so every rank learns
-    of a signal that reached any of them at the same step.
+    that counts the step's tokens also carries this rank's `flags` (a stop request, a save due
+    by the clock), so every rank acts on them at the same step.
     Returns this rank's summed (loss, nll, target tokens, source tokens), on device, and
-    whether any rank asked to stop.
+    each flag OR-ed over the ranks.
     """
     counts = torch.tensor(
-        [sum(b.n_tgt_tokens for b in batches), float(stop_requested)],
+        [sum(b.n_tgt_tokens for b in batches), *map(float, flags)],
         dtype=torch.float64,
         device=env.device,
     )
     dist.all_reduce(counts)
-    global_tokens, stops = counts.tolist()
+    global_tokens, *reduced = counts.tolist()
     factor = env.world_size * len(batches) / max(global_tokens, 1.0)
     sums = torch.zeros(4, dtype=torch.float64, device=env.device)
     for batch in batches:
@@ -219,7 +221,25 @@ def train_step(
                 torch.tensor(float(batch.n_src_tokens), dtype=torch.float64, device=env.device),
             ]
         )
-    return sums, stops > 0
+    return sums, [flag > 0 for flag in reduced]
+
+
+def adapt_to_world_size(job: Job, ckpt_dir: Path, tag: str, env: DistEnv) -> None:
+    """Resuming on another number of ranks: keep the saved run's global batch by changing the
+    accumulation, and convert the checkpoint to DeepSpeed's universal format (rank 0)."""
+    old_world = checkpoint.saved_world_size(ckpt_dir, tag)
+    old_accum = int(checkpoint.saved_meta(ckpt_dir, tag)["config"]["train"]["grad_accum"])
+    accum = checkpoint.accumulation_for(old_accum, old_world, env.world_size)
+    if env.is_main:
+        print(
+            f"checkpoint {tag} was saved on {old_world} ranks; continuing on "
+            f"{env.world_size} with grad_accum {accum} (was {old_accum}) to keep the global "
+            "batch",
+            flush=True,
+        )
+        checkpoint.ensure_universal(ckpt_dir, tag)
+    dist.barrier()
+    job.train.grad_accum = accum
 
 
 def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
@@ -228,17 +248,21 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     data_dir = Path(job.data.dir)
     tokenizer = Tokenizer(data_dir / "spm.model")
     model_cfg = resolve_model_config(job.model, tokenizer)
+    ckpt_dir = run_dir / "checkpoints"
+    tag = checkpoint.latest_tag(ckpt_dir)
+    universal = tag is not None and checkpoint.saved_world_size(ckpt_dir, tag) != env.world_size
+    if universal:
+        adapt_to_world_size(job, ckpt_dir, tag, env)
+        resolved["train"]["grad_accum"] = job.train.grad_accum
     seed_everything(job.train.seed)  # identical initial weights on every rank
-    engine = build_engine(job, model_cfg, env)
+    engine = build_engine(job, model_cfg, env, load_universal=universal)
     seed_everything(job.train.seed * 1000 + env.rank)  # per-rank dropout streams
 
-    ckpt_dir = run_dir / "checkpoints"
     stream = TokenBatchStream(
         data_dir, "train", job.data, rank=env.rank, world_size=env.world_size, shuffle=True
     )
     progress = Progress(wandb_id=uuid.uuid4().hex[:12])
     resumed_at: int | None = None
-    tag = checkpoint.latest_tag(ckpt_dir)
     if tag is not None:
         client, rank_states = checkpoint.load(engine, ckpt_dir, tag, env.rank)
         progress = Progress(
@@ -268,6 +292,8 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
                 "step": progress.step,
                 "tokens_seen": progress.tokens_seen,
                 "wandb_id": progress.wandb_id,
+                # lets ds_to_universal convert this checkpoint for another number of ranks
+                "universal_checkpoint_info": {"universal_checkpoint_version": 0.2},
             },
             rank_state={"data": stream.state_dict(), "rng": checkpoint.rng_state()},
             rank=env.rank,
@@ -313,11 +339,17 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
         # FLOPs probe, loader workers) shifts the restored dropout stream.
         checkpoint.set_rng_state(rank_states[env.rank]["rng"])
     stop_request = StopRequest().install()
+    last_save = time.monotonic()
     stopping = False
     while progress.step < cfg.max_steps and not stopping:
         micro = [next(batches) for _ in range(cfg.grad_accum)]
-        sums, stopping = train_step(
-            engine, micro, env, model_cfg.label_smoothing, stop_request.requested
+        clock_due = bool(
+            env.is_main
+            and cfg.save_every_minutes
+            and time.monotonic() - last_save >= 60 * cfg.save_every_minutes
+        )
+        sums, (stopping, save_due) = train_step(
+            engine, micro, env, model_cfg.label_smoothing, [stop_request.requested, clock_due]
         )
         window += sums
         window_flops += batch_flops(model_cfg, micro)
@@ -363,7 +395,8 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
         if record:
             last.update(record)
             logger.log(step, record)
-        if (cfg.save_every and step % cfg.save_every == 0) or final or stopping:
+        if (cfg.save_every and step % cfg.save_every == 0) or final or stopping or save_due:
+            last_save = time.monotonic()
             with timer.paused():
                 save()
 
