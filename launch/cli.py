@@ -120,6 +120,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise ConfigError("--nproc", f"must be >= 1, got {args.nproc}")
     check_data_dir(job)
+    if job.train.precision == "fp16" and not use_cuda(job.train.device):
+        raise ConfigError(
+            "train.precision", "fp16 needs a GPU (DeepSpeed's CPU accelerator refuses it); use bf16"
+        )
     run_dir = job.run_dir().resolve()
     job.run.dir = str(run_dir)
     is_main = os.environ.get("RANK", "0") == "0"

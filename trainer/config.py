@@ -66,6 +66,7 @@ class TrainConfig:
     eval_max_batches: int = 0  # 0 = the whole validation split
     bleu_every: int = 0  # BLEU by greedy decoding on a validation subset; 0 = only at the end
     bleu_samples: int = 200
+    bleu_beam: int = 4  # beam size of the in-training BLEU (1 = greedy)
     save_every: int = 0  # steps; 0 = only at the end
     save_every_minutes: float = 0.0  # wall-clock minutes on rank 0; 0 = off
     keep_last: int = 5
@@ -73,7 +74,9 @@ class TrainConfig:
 
     def problems(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
-        for key in ("max_steps", "grad_accum", "log_every", "bleu_samples", "keep_last"):
+        for key in (
+            "max_steps", "grad_accum", "log_every", "bleu_samples", "bleu_beam", "keep_last",
+        ):  # fmt: skip
             if not _positive_int(getattr(self, key)):
                 out.append((key, f"must be a positive integer, got {getattr(self, key)!r}"))
         for key in ("eval_every", "eval_max_batches", "bleu_every", "save_every", "seed"):

@@ -18,7 +18,7 @@ from data_pipeline.config import DataConfig
 from data_pipeline.loader import TokenBatchStream
 from data_pipeline.tokenizer import Tokenizer
 from model.loss import label_smoothed_loss
-from model.search import greedy_search
+from model.search import beam_search, greedy_search
 from model.transformer import Transformer
 from trainer.dist import DistEnv
 
@@ -110,8 +110,10 @@ def validation_bleu(
     tokenizer: Tokenizer,
     env: DistEnv,
     samples: int,
+    beam: int = 1,
 ) -> dict[str, float]:
-    """Greedy-decode the first `samples` validation pairs, sharded by rank, scored on rank 0."""
+    """Decode the first `samples` validation pairs (beam search; 1 = greedy), sharded by rank
+    and gathered; sacreBLEU on rank 0."""
     stream = TokenBatchStream(
         data_dir,
         "valid",
@@ -131,7 +133,10 @@ def validation_bleu(
             if len(refs) >= per_rank:
                 break
             batch = batch.to(env.device)
-            out = greedy_search(model, batch.src)
+            if beam == 1:
+                out = greedy_search(model, batch.src)
+            else:
+                out = [hyps[0].tokens for hyps in beam_search(model, batch.src, beam=beam)]
             hyps.extend(tokenizer.decode(out))
             refs.extend(batch.tgt_text)
     engine.module.train()

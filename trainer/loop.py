@@ -176,6 +176,8 @@ def optimizer_metrics(engine: Any, precision: str) -> dict[str, float]:
         scale = getattr(opt, "cur_scale", None) or getattr(opt, "loss_scale", None)
         if scale is not None:
             out["loss_scale"] = float(scale)
+        # optimizer steps skipped because of fp16 overflow, since the start of this process
+        out["overflow_skipped_steps"] = float(getattr(engine, "skipped_steps", 0))
     return out
 
 
@@ -321,7 +323,15 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
         )
         if with_bleu:
             out.update(
-                validation_bleu(engine, data_dir, job.data, tokenizer, env, job.train.bleu_samples)
+                validation_bleu(
+                    engine,
+                    data_dir,
+                    job.data,
+                    tokenizer,
+                    env,
+                    job.train.bleu_samples,
+                    job.train.bleu_beam,
+                )
             )
         return out
 

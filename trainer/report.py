@@ -107,7 +107,8 @@ def plot_report(records: list[Record], out: Path, title: str) -> Path:
         "Throughput (all ranks)",
         "tokens / s",
     )
-    _panel(axes[1, 0], records, [("bleu", "BLEU")], "Validation BLEU (greedy)", "BLEU")
+    _panel(axes[1, 0], records, [("bleu", "BLEU")], "Validation BLEU", "BLEU")
+    axes[1, 0].set_ylim(bottom=0)  # BLEU is read against 0, not against its own spread
     _panel(
         axes[1, 1],
         records,

@@ -46,6 +46,9 @@ def data_dir(tmp_path: Path) -> Path:
         ("data.max_tokens=-5", "data.max_tokens"),
         ("model.dropout=1.5", "model.dropout"),
         ("logging.wandb=sometimes", "logging.wandb"),
+        ("train.precision=fp16", "train.precision"),  # no GPU here
+        ("train.save_every_minutes=-1", "train.save_every_minutes"),
+        ("train.bleu_beam=0", "train.bleu_beam"),
     ],
 )
 def test_bad_override_exits_2_naming_the_key(
