@@ -35,6 +35,14 @@ def _lockstep(batches: Iterator[Any], device: torch.device) -> Iterator[Any | No
         yield batch
 
 
+def valid_stream(data_dir: Path, data_cfg: DataConfig, env: DistEnv) -> TokenBatchStream:
+    """One pass over this rank's disjoint part of the validation split, in a fixed order."""
+    return TokenBatchStream(
+        data_dir, "valid", data_cfg, rank=env.rank, world_size=env.world_size,
+        shuffle=False, epochs=1,
+    )  # fmt: skip
+
+
 @torch.no_grad()
 def validation_loss(
     engine: Any,
@@ -45,15 +53,7 @@ def validation_loss(
     max_batches: int = 0,
 ) -> dict[str, float]:
     """Label-smoothed loss and perplexity (from the NLL) per target token over the valid split."""
-    stream = TokenBatchStream(
-        data_dir,
-        "valid",
-        data_cfg,
-        rank=env.rank,
-        world_size=env.world_size,
-        shuffle=False,
-        epochs=1,
-    )
+    stream = valid_stream(data_dir, data_cfg, env)
     totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss, nll, tokens
     first = None
     engine.eval()
@@ -114,15 +114,7 @@ def validation_bleu(
 ) -> dict[str, float]:
     """Decode the first `samples` validation pairs (beam search; 1 = greedy), sharded by rank
     and gathered; sacreBLEU on rank 0."""
-    stream = TokenBatchStream(
-        data_dir,
-        "valid",
-        data_cfg,
-        rank=env.rank,
-        world_size=env.world_size,
-        shuffle=False,
-        epochs=1,
-    )
+    stream = valid_stream(data_dir, data_cfg, env)
     per_rank = math.ceil(samples / env.world_size)
     hyps: list[str] = []
     refs: list[str] = []
