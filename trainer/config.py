@@ -71,6 +71,7 @@ class TrainConfig:
     save_every_minutes: float = 0.0  # wall-clock minutes on rank 0; 0 = off
     keep_last: int = 5
     device: str = "auto"  # auto | cpu | cuda
+    activation_checkpointing: bool = False  # recompute each layer in backward to save memory
 
     def problems(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []

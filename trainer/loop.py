@@ -74,6 +74,7 @@ def build_engine(
     import deepspeed
 
     model = Transformer(model_cfg)
+    model.set_activation_checkpointing(job.train.activation_checkpointing)
     optimizer = torch.optim.Adam(
         model.parameters(),
         lr=1.0,
