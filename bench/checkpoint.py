@@ -1,0 +1,86 @@
+"""Checkpoint size and save / load time of a preset (default: the paper's base model).
+
+Run under torchrun so every rank writes its ZeRO partition, e.g.
+
+    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python -m torch.distributed.run \\
+        --standalone --nproc_per_node=2 bench/checkpoint.py --config configs/base.yaml
+
+One optimizer step on random tokens fills the Adam moments, then the real save path
+(trainer.checkpoint.save: DeepSpeed files, per-rank state, `latest` last) is timed, and the
+load path after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from launch.config import load_config
+from model.config import ModelConfig
+from model.loss import label_smoothed_loss
+from trainer import checkpoint
+from trainer.dist import init_distributed
+from trainer.loop import build_engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/base.yaml")
+    parser.add_argument("--dir", help="where to write (default: a temporary directory)")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    job = load_config(args.config, args.overrides)
+    env = init_distributed("cpu")
+    vocab = job.model.vocab_size or job.data.vocab_size
+    model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+    torch.manual_seed(job.train.seed)
+    engine = build_engine(job, model_cfg, env)
+    src = torch.randint(4, vocab, (8, 32))  # (B, S)
+    tgt = torch.randint(4, vocab, (8, 33))  # (B, T + 1)
+    for _ in range(job.train.grad_accum):
+        loss, _, n = label_smoothed_loss(engine(src, tgt[:, :-1]), tgt[:, 1:], 0.1)
+        engine.backward(loss / n)
+        engine.step()
+
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
+    shared = [str(base)]
+    dist.broadcast_object_list(shared, src=0)
+    ckpt_dir = Path(shared[0]) / "checkpoints"
+    dist.barrier()
+    start = time.perf_counter()
+    tag = checkpoint.save(
+        engine, ckpt_dir, 1, client_state={"step": 1}, rank_state={"rng": checkpoint.rng_state()},
+        rank=env.rank, keep_last=1, meta={"model": model_cfg.__dict__, "config": {}},
+    )  # fmt: skip
+    saved = time.perf_counter() - start
+    start = time.perf_counter()
+    checkpoint.load(engine, ckpt_dir, tag, env.rank)
+    dist.barrier()
+    loaded = time.perf_counter() - start
+    if env.is_main:
+        files = [p for p in (ckpt_dir / tag).rglob("*") if p.is_file()]
+        size = sum(p.stat().st_size for p in files)
+        params = sum(p.numel() for p in engine.module.parameters())
+        print(f"config            {args.config}  (vocab {vocab}, {params:,} parameters)")
+        print(f"ranks / ZeRO      {env.world_size} / stage {job.train.zero_stage}, "
+              f"{job.train.precision}")  # fmt: skip
+        print(f"checkpoint size   {size / 2**20:,.0f} MiB in {len(files)} files "
+              f"({size / params:.1f} bytes per parameter)")  # fmt: skip
+        print(f"save              {saved:.1f} s ({size / 2**20 / saved:,.0f} MiB/s)")
+        print(f"load              {loaded:.1f} s")
+    dist.barrier()
+    if env.is_main and not args.dir:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
