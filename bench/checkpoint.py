@@ -51,10 +51,10 @@ def main() -> None:
         engine.backward(loss / n)
         engine.step()
 
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
-    shared = [str(base)]
-    dist.broadcast_object_list(shared, src=0)
-    ckpt_dir = Path(shared[0]) / "checkpoints"
+    shared = [args.dir or (tempfile.mkdtemp(prefix="ckpt-bench-") if env.is_main else None)]
+    dist.broadcast_object_list(shared, src=0)  # one directory, made by rank 0
+    base = Path(shared[0])
+    ckpt_dir = base / "checkpoints"
     dist.barrier()
     start = time.perf_counter()
     tag = checkpoint.save(
