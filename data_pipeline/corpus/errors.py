@@ -11,11 +11,15 @@ class CorpusUnavailable(Exception):
     """
 
 
+def one_line(reason: str, limit: int = 300) -> str:
+    """A tool's error output as one line of at most `limit` characters, for the user's message."""
+    reason = " ".join(reason.split())
+    return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+
+
 def unavailable(reason: str) -> CorpusUnavailable:
     """Build a `CorpusUnavailable` with a one-line message that points to the alternatives."""
-    reason = " ".join(reason.split())
-    if len(reason) > 300:
-        reason = reason[:297] + "..."
+    reason = one_line(reason)
     return CorpusUnavailable(
         f"cannot fetch the Debian English-German corpus ({reason}); "
         "run `paperscale corpus synthetic DIR` for a synthetic corpus, or bring your own "

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from data_pipeline.corpus.errors import CorpusUnavailable
+from data_pipeline.corpus.errors import CorpusUnavailable, one_line
 
 SRC, TGT = "en", "de"
 
@@ -72,9 +72,7 @@ _DOC = re.compile(rb"<doc\b[^>]*?\bdocid\s*=\s*\"?([^\"\s>]+)\"?", re.IGNORECASE
 
 def unavailable(reason: str) -> CorpusUnavailable:
     """A `CorpusUnavailable` with one line: what failed, and what to do instead."""
-    reason = " ".join(reason.split())
-    if len(reason) > 300:
-        reason = reason[:297] + "..."
+    reason = one_line(reason)
     return CorpusUnavailable(
         f"cannot fetch the WMT14 English-German corpus ({reason}); copy the statmt.org "
         f"archives ({', '.join(a.filename for a in ARCHIVES.values())}) into DIR/.cache/ and "
