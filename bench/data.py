@@ -8,13 +8,15 @@ peak memory, shard bytes per sample -- measured side by side in one run on a rea
    ``TokenBatchStream`` with ``num_workers`` 0 and 1, on both shard kinds; steady rate
    measured from the first batch on (worker start-up is reported apart).
 3. Padding of the training split at ``--max-tokens`` (4,096), with the loader's windows:
-   batching v1 (random order inside ``bucket_width`` buckets of max(S, T): the algorithm up to
-   this change) against the current one, at ``pad_multiple`` 8 and 1, for shuffle windows of
-   2,000 (the default ``shuffle_buffer``), 4,000 (tiny preset) and 16,000 samples.  Padding
+   batching v1 (random order inside ``bucket_width`` buckets of max(S, T)) and v2 (sorted by
+   padded shape) at the old defaults (``pad_multiple`` 8, bucket 8, window 2,000) against v3
+   (v2 + batches cut to a multiple of ``batch_multiple`` rows) at the defaults (pad 1, batch
+   multiple 8, bucket 1, window 100,000) and nearby settings.  Padding
    (pad tokens / padded tokens, both sides) is split into *rounding*: what every row pays on
    its own at that multiple (``round_up(len, m) - len``; zero at 1, the same for any
    batching), and *mismatch*: the rest, rows padded up to a longer row of their batch.
-   ``fill``: real tokens per batch / (2 * max_tokens).
+   ``fill``: real tokens per batch / (2 * max_tokens); ``rows``: batches whose ``B * S`` and
+   ``B * T`` (the row counts of the projections' matrix products) are multiples of 8.
 4. ``prepare`` with 2 workers on corpora of ``--pairs`` pairs (the real training pairs repeated,
    each repetition with its words rotated, so nothing is an exact duplicate) in a subprocess:
    pairs/s of the shard stage; peak RSS of the main process and of the largest child (the
@@ -174,22 +176,19 @@ def make_corpus(real: Path, out: Path, pairs: int) -> Path:
 
 
 def loader_rate(
-    data: Path, workers: int, max_tokens: int, seconds: float, pad_multiple: int = 8
+    data: Path, workers: int, max_tokens: int, seconds: float, **batching: Any
 ) -> dict[str, float]:
-    """Real tokens/s one TokenBatchStream delivers (one epoch of train, or ``seconds``)."""
+    """Real tokens/s one TokenBatchStream delivers (one epoch of train, or ``seconds`` after the
+    first batch), with the default batching settings unless ``batching`` overrides them."""
     cfg = DataConfig(
-        dir=str(data),
-        max_tokens=max_tokens,
-        max_len=256,
-        shuffle_buffer=2000,
-        num_workers=workers,
-        pad_multiple=pad_multiple,
+        dir=str(data), max_tokens=max_tokens, max_len=256, num_workers=workers, **batching
     )
     stream = TokenBatchStream(data, "train", cfg, epochs=1)
     t0 = time.perf_counter()
     first = None
-    tokens = padded = samples = batches = 0
+    tokens = padded = samples = batches = all_tokens = 0
     for b in stream:
+        all_tokens += b.n_src_tokens + b.n_tgt_tokens
         if first is None:
             first = time.perf_counter()  # worker start-up and the first window are behind
             continue
@@ -199,9 +198,11 @@ def loader_rate(
         batches += 1
         if time.perf_counter() - first > seconds:
             break
-    dt = time.perf_counter() - (first or t0)
+    end = time.perf_counter()
+    dt = end - (first or t0)
     return {
         "tokens_s": tokens / dt,
+        "tokens_s_with_start": all_tokens / (end - t0),
         "samples_s": samples / dt,
         "batches_s": batches / dt,
         "startup_s": (first or t0) - t0,
@@ -263,10 +264,11 @@ def padding_stats(
     max_tokens: int,
     pad_multiple: int,
     bucket_width: int,
+    batch_multiple: int = 1,
     seed: int = 1,
 ) -> dict[str, float]:
     """Padding of one epoch batched like the loader does (windows of ``window`` per shard)."""
-    real = padded = floor = n_batches = 0
+    real = padded = floor = n_batches = aligned = 0
     empty = np.zeros(0, dtype=np.int64)
     for k, lens in enumerate(shards):
         for ws in range(0, len(lens), window):
@@ -282,6 +284,7 @@ def padding_stats(
                     pad_multiple=pad_multiple,
                     bucket_width=bucket_width,
                     rng=rng,
+                    batch_multiple=batch_multiple,
                 )
             for g in groups:
                 s = np.array([chunk[i][0] for i in g] or empty)
@@ -293,14 +296,28 @@ def padding_stats(
                 padded += b * (s_pad + t_pad)
                 floor += sum(round_up(int(x), pad_multiple) - int(x) for x in (*s, *t))
                 n_batches += 1
+                aligned += (b * s_pad) % 8 == 0 and (b * t_pad) % 8 == 0
     return {
         "padding": (padded - real) / padded,
         "rounding": floor / padded,
         "mismatch": (padded - real - floor) / padded,
         "fill": real / (n_batches * 2 * max_tokens),
         "batches": n_batches,
+        "rows_multiple": aligned / max(1, n_batches),  # batches whose B*S and B*T % 8 == 0
     }
 
+
+# (batching version, pad_multiple, batch_multiple, bucket_width, window): the settings before
+# batching v3 (v1 and v2 at pad 8, bucket 8, window 2,000), then v3 at the defaults and around.
+PADDING_ROWS = [
+    (1, 8, 1, 8, 2000),
+    (2, 8, 1, 8, 2000),
+    (3, 8, 8, 1, 100_000),
+    (3, 1, 1, 1, 16_000),
+    (3, 1, 8, 1, 2_000),
+    (3, 1, 8, 1, 16_000),
+    (3, 1, 8, 1, 100_000),
+]
 
 # --------------------------------------------------------------------------------------------
 
@@ -357,14 +374,15 @@ def measure_data(a: argparse.Namespace) -> None:
         print(f"\n## loader: one TokenBatchStream, train, max_tokens {a.max_tokens}")
         print(
             f"{'shards':8} {'workers':>7} {'tokens/s':>10} {'samples/s':>10} {'batches/s':>9} "
-            f"{'start s':>7}"
+            f"{'start s':>7} {'w/ start':>10}"
         )
         for kind in data:
             for workers in (0, 1):
                 r = loader_rate(data[kind], workers, a.max_tokens, a.seconds)
                 print(
                     f"{kind:8} {workers:>7} {r['tokens_s']:>10.0f} {r['samples_s']:>10.0f} "
-                    f"{r['batches_s']:>9.1f} {r['startup_s']:>7.2f}"
+                    f"{r['batches_s']:>9.1f} {r['startup_s']:>7.2f} "
+                    f"{r['tokens_s_with_start']:>10.0f}"
                 )
 
     # 3. padding.
@@ -377,25 +395,24 @@ def measure_data(a: argparse.Namespace) -> None:
         f"mean T {mean_t:.1f}); fractions of padded tokens, both sides"
     )
     print(
-        f"{'batching':8} {'pad_mult':>8} {'bucket':>6} {'window':>6} {'padding':>8} "
-        f"{'rounding':>8} {'mismatch':>8} {'fill':>6} {'batches':>7}"
+        f"{'batching':8} {'pad_mult':>8} {'batch_mult':>10} {'bucket':>6} {'window':>7} "
+        f"{'padding':>8} {'rounding':>8} {'mismatch':>8} {'fill':>6} {'batches':>7} {'rows':>6}"
     )
-    for pm, bw in ((8, 8), (1, 8), (1, 1)):
-        for window in (2000, 4000, 16000):
-            for version in (1, 2):
-                r = padding_stats(
-                    lens,
-                    version=version,
-                    window=window,
-                    max_tokens=a.max_tokens,
-                    pad_multiple=pm,
-                    bucket_width=bw,
-                )
-                print(
-                    f"{'v' + str(version):8} {pm:>8} {bw:>6} {window:>6} {r['padding']:>8.1%} "
-                    f"{r['rounding']:>8.1%} {r['mismatch']:>8.1%} "
-                    f"{r['fill']:>6.1%} {r['batches']:>7}"
-                )
+    for version, pm, bm, bw, window in PADDING_ROWS:
+        r = padding_stats(
+            lens,
+            version=version,
+            window=window,
+            max_tokens=a.max_tokens,
+            pad_multiple=pm,
+            bucket_width=bw,
+            batch_multiple=bm,
+        )
+        print(
+            f"{'v' + str(version):8} {pm:>8} {bm:>10} {bw:>6} {window:>7} {r['padding']:>8.1%} "
+            f"{r['rounding']:>8.1%} {r['mismatch']:>8.1%} {r['fill']:>6.1%} {r['batches']:>7} "
+            f"{r['rows_multiple']:>6.1%}"
+        )
 
 
 def measure_prepare(a: argparse.Namespace) -> None:

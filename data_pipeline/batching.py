@@ -4,15 +4,18 @@ A window of samples is sorted by length, then cut greedily into batches whose *p
 ``B * max(S_pad, T_pad)`` stays within ``max_tokens`` (fairseq's ``--max-tokens``: the budget
 counts padding, so the memory of a micro-batch is bounded however its lengths are distributed).
 
-The sort key (:data:`BATCHING_VERSION` 2) is, from most to least significant: the length
-bucket ``ceil(max(S_pad, T_pad) / bucket_width)``, then ``S_pad``, ``T_pad``, ``S``, ``T``
-(``X_pad`` is ``X`` rounded up to ``pad_multiple``).  So rows that share a bucket are also
-grouped by their padded *shape* on both sides, and cuts tend to fall where the shape changes;
-version 1 kept a random order inside a ``bucket_width`` bucket of ``max(S, T)``, which mixed
-e.g. (S=10, T=30) and (S=30, T=10) rows in one batch.  A batch also ends before the budget is
-reached when the next row would grow its padded shape and the batch is already
-:data:`SHAPE_CUT_FILL` full.  The padding left at ``pad_multiple`` 8 is mostly the rounding
-itself (a 13-token row costs 16 in any batch); ``python -m bench.data`` measures both parts.
+The sort key is, from most to least significant: the length bucket
+``ceil(max(S_pad, T_pad) / bucket_width)``, then ``S_pad``, ``T_pad``, ``S``, ``T`` (``X_pad`` is
+``X`` rounded up to ``pad_multiple``).  So rows that share a bucket are also grouped by their
+padded *shape* on both sides, and cuts tend to fall where the shape changes.  A batch also ends
+before the budget is reached when the next row would grow its padded shape and the batch is
+already :data:`SHAPE_CUT_FILL` full.  Version 3 cuts a batch to a multiple of ``batch_multiple``
+rows (the rest opens the next batch): that makes ``B * T``, the row count of every
+projection's matrix product, a multiple of 8 without padding any row.  Padding the *lengths* to
+a multiple of 8 (``pad_multiple``) costs a short-sentence corpus much more (a 13-token row costs
+16 in any batch); ``python -m bench.data`` measures both parts.  How low the padding gets
+depends mostly on the window: the more rows of each (S, T) shape a window holds, the closer
+its batches' rows are in length.
 Ties are broken by a random permutation of the window, and the batch order is shuffled
 afterwards, so the order stays random.  Everything here is a pure function of its inputs and
 the given RNG, which is what makes the loader's resume exact.
@@ -28,7 +31,7 @@ import torch
 
 from data_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-BATCHING_VERSION = 2  # the sort key of plan_batches (saved with a loader state; see above)
+BATCHING_VERSION = 3  # sort key and cut of plan_batches (saved with a loader state; see above)
 SHAPE_CUT_FILL = 0.9  # a batch this full ends early rather than grow its padded shape
 
 
@@ -101,12 +104,15 @@ def plan_batches(
     pad_multiple: int,
     bucket_width: int,
     rng: np.random.Generator | None,
+    batch_multiple: int = 1,
 ) -> list[list[int]]:
     """Group sample indices into token-budget batches (indices into ``samples``).
 
     With ``rng`` the window is shuffled before sorting (random order among rows of equal
     lengths) and the batch order is shuffled after; without it the order is deterministic and
-    stable.
+    stable.  A batch of at least ``batch_multiple`` rows is cut to a multiple of it (fairseq's
+    ``--required-batch-size-multiple``); the rows cut off open the next batch, so no row is
+    dropped and no padding is added.
     A single sample larger than the budget becomes a batch of its own.
     """
     n = len(samples)
@@ -121,25 +127,34 @@ def plan_batches(
     # np.lexsort is stable and sorts by its last key first: ties keep the shuffled order.
     perm = np.lexsort((t_len, s_len, t_pad, s_pad, bucket))
     batches: list[list[int]] = []
-    cur: list[int] = []
+    cur: list[tuple[int, int, int]] = []  # (index, S, T) of the open batch's rows
     cur_s = cur_t = 0
     full = SHAPE_CUT_FILL * max_tokens
+
+    def close() -> None:
+        nonlocal cur, cur_s, cur_t
+        keep = len(cur) - len(cur) % batch_multiple if len(cur) >= batch_multiple else len(cur)
+        batches.append([row[0] for row in cur[:keep]])
+        cur = cur[keep:]
+        cur_s = max((row[1] for row in cur), default=0)
+        cur_t = max((row[2] for row in cur), default=0)
+
     for i, sl, tl in zip(
         order[perm].tolist(), s_len[perm].tolist(), t_len[perm].tolist(), strict=True
     ):
-        s = round_up(max(cur_s, sl), pad_multiple)
-        t = round_up(max(cur_t, tl), pad_multiple)
-        if cur:
+        while cur:  # a cut may carry rows over; then the same test again
+            s = round_up(max(cur_s, sl), pad_multiple)
+            t = round_up(max(cur_t, tl), pad_multiple)
             ps, pt = round_up(cur_s, pad_multiple), round_up(cur_t, pad_multiple)
             over = (len(cur) + 1) * max(s, t) > max_tokens
-            if over or ((s, t) != (ps, pt) and len(cur) * max(ps, pt) >= full):
-                batches.append(cur)
-                cur, cur_s, cur_t = [], 0, 0
-        cur.append(i)
+            if not (over or ((s, t) != (ps, pt) and len(cur) * max(ps, pt) >= full)):
+                break
+            close()
+        cur.append((i, sl, tl))
         cur_s = max(cur_s, sl)
         cur_t = max(cur_t, tl)
-    if cur:
-        batches.append(cur)
+    while cur:
+        close()
     if rng is not None:
         batches = [batches[j] for j in rng.permutation(len(batches)).tolist()]
     return batches

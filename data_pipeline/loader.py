@@ -157,6 +157,7 @@ class _Context:
     max_len: int
     pad_multiple: int
     bucket_width: int
+    batch_multiple: int
     window: int
     shuffle: bool
     skip_long: bool
@@ -289,6 +290,7 @@ def _produce(ctx: _Context, worker: int, slot: int, pos: dict[str, Any]) -> Iter
                     pad_multiple=ctx.pad_multiple,
                     bucket_width=ctx.bucket_width,
                     rng=rng,
+                    batch_multiple=ctx.batch_multiple,
                 )
                 for j in range(pos["bd"], len(groups)):
                     batch = collate([samples[i] for i in groups[j]], ctx.pad_multiple)
@@ -415,6 +417,7 @@ class TokenBatchStream:
             max_len=cfg.max_len,
             pad_multiple=cfg.pad_multiple,
             bucket_width=cfg.bucket_width,
+            batch_multiple=cfg.batch_multiple,
             window=cfg.shuffle_buffer if cfg.shuffle_buffer > 0 else DEFAULT_WINDOW,
             shuffle=shuffle,
             skip_long=split == "train",
@@ -509,6 +512,7 @@ class TokenBatchStream:
             c.max_len,
             c.pad_multiple,
             c.bucket_width,
+            c.batch_multiple,
             BATCHING_VERSION,
         ]
 
