@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,14 @@ def slot_plan(
 
 
 # --------------------------------------------------------------------------------------------
+def _ignore_stop_signals(worker_id: int) -> None:
+    """Loader workers leave stop signals to their rank.  Slurm sends scancel's TERM and the
+    preemption USR1 to every process of a job step, and a terminal's Ctrl-C reaches the whole
+    process group: a worker that died of one would take its rank down before it could save."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 # The producer (runs in a DataLoader worker, or in the main process with num_workers == 0)
 
 
@@ -446,6 +455,7 @@ class TokenBatchStream:
                 batch_size=None,
                 num_workers=self.cfg.num_workers,
                 collate_fn=_identity,
+                worker_init_fn=_ignore_stop_signals,
                 prefetch_factor=2,
                 pin_memory=self.pin_memory,
                 # Its own generator: creating the iterator must not draw from the global torch

@@ -403,3 +403,26 @@ def test_load_state_dicts_picks_own_or_merges(prepared: Path) -> None:
         == len(set(keys))
         == total - sum(st["workers"][0]["counters"]["samples_seen"] for st in old)
     )
+
+
+def test_loader_workers_survive_stop_signals(prepared: Path) -> None:
+    """TERM, USR1 and INT sent to a loader worker (as Slurm and a terminal do: to every
+    process) leave it running: the rank decides when to stop, and the stream goes on."""
+    import os
+    import signal
+    import time
+
+    from launch.local import child_pids
+
+    cfg = data_cfg(max_tokens=512, shuffle_buffer=100, num_workers=2)
+    straight = [b.keys for b in TokenBatchStream(prepared, "train", cfg, epochs=1)]
+    stream = iter(TokenBatchStream(prepared, "train", cfg, epochs=1))
+    got = [next(stream).keys]
+    workers = child_pids(os.getpid())
+    assert len(workers) >= 2
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        for pid in workers:
+            os.kill(pid, sig)
+    time.sleep(0.5)
+    got += [b.keys for b in stream]
+    assert got == straight
