@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The big model on one GPU at the paper's batch: tokens/s, MFU and peak memory for bf16 with
+# SDPA's fused attention, ZeRO 1 and 2, with and without torch.compile; one table at the end.
+#
+#   bash bench/gpu.sh                  # on a GPU machine, from the repository root (< 8 min)
+#   bash bench/gpu.sh --smoke          # the same code path on CPU at tiny size (CI runs it)
+#   bash bench/gpu.sh --fetch-wheels   # here, with network: wheels a bare GPU image lacks
+#
+# Python: $PYTHON, else .venv/bin/python, else python3 (a GPU image's own torch). Packages the
+# image lacks (deepspeed, omegaconf, pydantic, ...) travel as wheels in .whl/ (written by
+# --fetch-wheels for Python 3.12 on x86-64); when .whl/ exists they are installed into a
+# temporary directory on PYTHONPATH first. Each configuration runs in its own process, so
+# that one engine's memory never counts in the next one's peak.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODE=gpu
+case "${1:-}" in
+    --smoke) MODE=smoke ;;
+    --fetch-wheels) MODE=fetch ;;
+    "") ;;
+    *) echo "bench/gpu.sh: unknown argument ${1} (use --smoke or --fetch-wheels)" >&2; exit 2 ;;
+esac
+
+pick_python() {
+    if [[ -n "${PYTHON:-}" ]]; then echo "$PYTHON"
+    elif [[ -x .venv/bin/python ]] && .venv/bin/python -c "import torch" 2>/dev/null; then
+        echo .venv/bin/python
+    else command -v python3
+    fi
+}
+PY=$(pick_python)
+
+if [[ $MODE == fetch ]]; then
+    # The wheels a GPU image with torch but without this project's other needs requires.
+    mkdir -p .whl
+    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+    DS_VERSION=$("$PY" -c "from importlib.metadata import version; print(version('deepspeed'))" \
+        2>/dev/null || echo 0.19.8)
+    "$PY" -m pip wheel -q --no-deps --no-build-isolation "deepspeed==$DS_VERSION" -w .whl
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d .whl \
+        hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions \
+        omegaconf
+    ls -la .whl
+    exit 0
+fi
+
+if [[ -d .whl ]] && ls .whl/*.whl >/dev/null 2>&1; then
+    SITE=$(mktemp -d /tmp/paperscale-site.XXXXXX)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+[[ $MODE == smoke ]] && export DS_ACCELERATOR=cpu
+missing=$("$PY" - 2>/dev/null <<'EOF'
+import importlib
+names = ["torch", "deepspeed", "omegaconf", "sentencepiece", "safetensors", "sacrebleu", "numpy"]
+bad = []
+for name in names:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        bad.append(name)
+print("MISSING:" + " ".join(bad))
+EOF
+)
+missing=$(sed -n 's/^MISSING://p' <<< "$missing")
+if [[ -n "$missing" ]]; then
+    echo "bench/gpu.sh: $PY lacks: $missing (run 'bash bench/gpu.sh --fetch-wheels' where pip can reach PyPI and bring .whl/ along)" >&2
+    exit 2
+fi
+
+export WANDB_MODE=disabled OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
+if [[ $MODE == smoke ]]; then
+    export DS_ACCELERATOR=cpu
+    DEVICE=cpu; CONFIG=configs/tiny.yaml; TOKENS=256; STEPS=2; WARMUP=1; LIMITS=(240 300); BUDGET=900
+    EXTRA=(model.d_model=32 model.n_heads=2 model.d_ff=64 model.encoder_layers=1
+           model.decoder_layers=1 data.vocab_size=64 train.grad_accum=1)
+else
+    if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+        echo "bench/gpu.sh: $PY's torch sees no CUDA device (use --smoke on a CPU)" >&2
+        exit 2
+    fi
+    DEVICE=cuda; CONFIG=configs/big.yaml; TOKENS=25000; STEPS=20; WARMUP=5; LIMITS=(90 170); BUDGET=450
+    EXTRA=(train.grad_accum=1)
+fi
+"$PY" -c "import torch, deepspeed; print('python', '$PY', 'torch', torch.__version__, 'deepspeed', deepspeed.__version__)"
+
+ROWS=$(mktemp /tmp/paperscale-gpu-bench.XXXXXX.jsonl)
+trap 'rm -f "$ROWS"' EXIT
+status=0
+# no configuration starts after BUDGET seconds: on a GPU the script ends within 8 minutes
+for zero in 1 2; do
+    for compile in false true; do
+        if (( SECONDS > BUDGET )); then
+            echo "== ZeRO $zero, compile $compile: skipped (${SECONDS}s elapsed)"
+            status=1
+            continue
+        fi
+        limit=${LIMITS[0]}; [[ $compile == true ]] && limit=${LIMITS[1]}
+        echo "== ZeRO $zero, compile $compile"
+        if ! timeout "$limit" "$PY" bench/gpu_bench.py --config "$CONFIG" --device "$DEVICE" \
+            --tokens "$TOKENS" --steps "$STEPS" --warmup "$WARMUP" --out "$ROWS" \
+            "${EXTRA[@]}" train.precision=bf16 "train.zero_stage=$zero" "train.compile=$compile" \
+            2>&1 | grep -v '^\[' | tail -n 5; then
+            status=1
+        fi
+    done
+done
+echo
+echo "== bench/gpu.sh ($MODE): $CONFIG, $TOKENS tokens per side per step"
+"$PY" bench/gpu_bench.py --table "$ROWS"
+rows=$(wc -l < "$ROWS")
+if [[ $rows -ne 4 ]]; then
+    echo "bench/gpu.sh: only $rows of 4 configurations finished" >&2
+    exit 1
+fi
+exit $status

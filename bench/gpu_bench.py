@@ -1,0 +1,170 @@
+"""One configuration of bench/gpu.sh: tokens/s, MFU and peak memory of the training step.
+
+    python bench/gpu_bench.py --config configs/big.yaml --tokens 25000 --out ROWS.jsonl \\
+        [--device cuda|cpu] [--steps 20] [--warmup 5] [key=value ...]
+
+The trainer's own pieces (trainer.loop.build_engine, train_step, trainer.flops) on one rank,
+fed micro-batches of random tokens shaped like the paper's: sentences of --seq-len tokens
+(no padding) with --tokens per side per step. Attention runs through SDPA restricted to the
+fused kernels (flash; memory-efficient where a boolean mask is passed, as for the decoder's
+causal mask); on a CPU the math kernel is allowed too. `train.compile=true` as an override
+compiles the model. Appends one JSON row to --out; `--table ROWS.jsonl` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def matmul_peak(device: str, dtype_name: str = "bf16", size: int = 8192, reps: int = 10) -> float:
+    """Measured dense matmul FLOP/s on this device (the planner's --peak-tflops figure)."""
+    import torch
+
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    if device == "cpu":
+        from trainer.flops import measured_cpu_peak_flops
+
+        return measured_cpu_peak_flops(dtype)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()
+    return 2.0 * size**3 * reps / (time.perf_counter() - start)
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from data_pipeline.batching import Batch
+    from launch.config import load_config
+    from model.config import ModelConfig
+    from trainer.dist import init_distributed
+    from trainer.flops import peak_flops, step_flops
+    from trainer.loop import PRECISION_DTYPES, build_engine, seed_everything, train_step
+
+    job = load_config(args.config, [f"train.device={args.device}", *args.overrides])
+    env = init_distributed(args.device)
+    vocab = job.model.vocab_size or job.data.vocab_size
+    cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+    seed_everything(1)
+    engine = build_engine(job, cfg, env)
+    rows_per_micro = max(1, args.tokens // (args.seq_len * job.train.grad_accum))
+
+    def micro() -> Batch:
+        src = torch.randint(4, vocab, (rows_per_micro, args.seq_len))  # (B, S)
+        tgt = torch.randint(4, vocab, (rows_per_micro, args.seq_len + 1))  # (B, T + 1)
+        n = rows_per_micro * args.seq_len
+        return Batch(src, tgt[:, :-1], tgt[:, 1:], n_src_tokens=n, n_tgt_tokens=n)
+
+    batches = [micro() for _ in range(job.train.grad_accum)]
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    if args.device == "cpu":
+        backends.append(SDPBackend.MATH)
+    cuda = args.device == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    with sdpa_kernel(backends):
+        start = time.perf_counter()
+        for _ in range(args.warmup):
+            sums, _ = train_step(engine, batches, env, cfg.label_smoothing, [False])
+        sync()
+        warmup_s = time.perf_counter() - start
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            sums, _ = train_step(engine, batches, env, cfg.label_smoothing, [False])
+        sync()
+        seconds = (time.perf_counter() - start) / args.steps
+    loss = float(sums[0] / sums[2])
+    tokens = 2 * rows_per_micro * args.seq_len * job.train.grad_accum  # both sides
+    flops = step_flops(cfg, tokens // 2, tokens // 2, args.seq_len, args.seq_len)
+    dtype = PRECISION_DTYPES[job.train.precision]
+    peak = peak_flops(env.device, dtype) or float("nan")
+    measured_peak = matmul_peak(args.device, job.train.precision)
+    if cuda:
+        mem = torch.cuda.max_memory_allocated() / 2**30
+    else:
+        from trainer.metrics import host_rss_gb
+
+        mem = host_rss_gb() * 1e9 / 2**30
+    return {
+        "zero": job.train.zero_stage,
+        "compile": bool(getattr(job.train, "compile", False)),
+        "precision": job.train.precision,
+        "params": sum(p.numel() for p in engine.module.parameters()),
+        "tokens_per_step": tokens,
+        "step_s": seconds,
+        "warmup_s": warmup_s,
+        "tokens_per_s": tokens / seconds,
+        "tflops": flops / seconds / 1e12,
+        "mfu": flops / seconds / peak,
+        "mfu_measured_peak": flops / seconds / measured_peak,
+        "peak_tflops": peak / 1e12,
+        "measured_peak_tflops": measured_peak / 1e12,
+        "peak_mem_gib": mem,
+        "loss": loss,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+    }
+
+
+def format_table(rows: list[dict]) -> str:
+    head = rows[0] if rows else {}
+    lines = [
+        f"device {head.get('device', '?')}, {head.get('params', 0):,} parameters, "
+        f"{head.get('tokens_per_step', 0):,} tokens per step (both sides), "
+        f"table peak {head.get('peak_tflops', 0):.4g} TFLOP/s, "
+        f"measured matmul {head.get('measured_peak_tflops', 0):.4g} TFLOP/s",
+        "zero  compile  step s   tokens/s   TFLOP/s   MFU    MFU(meas.)  peak GiB  warm-up s  loss",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['zero']:>4}  {'yes' if r['compile'] else 'no':>7}  {r['step_s']:6.3f}  "
+            f"{r['tokens_per_s']:9.0f}  {r['tflops']:8.1f}  {r['mfu']:5.3f}  "
+            f"{r['mfu_measured_peak']:10.3f}  {r['peak_mem_gib']:8.2f}  {r['warmup_s']:9.1f}  "
+            f"{r['loss']:.3f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/big.yaml")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--tokens", type=int, default=25000, help="tokens per side per step")
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--out", help="append the row to this JSONL file")
+    parser.add_argument("--table", help="print the table of this JSONL file and exit")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    if args.table:
+        rows = [json.loads(x) for x in Path(args.table).read_text().splitlines() if x.strip()]
+        print(format_table(rows))
+        return
+    row = run(args)
+    print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

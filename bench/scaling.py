@@ -1,0 +1,91 @@
+"""Tokens/s of `paperscale train` on 2 local ranks against 1, on this machine.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/scaling.py --work /tmp/bench-scaling \\
+        [--data DATA_DIR] [--config configs/tiny.yaml] [--steps 40] [--repeats 2] [key=value ...]
+
+Short real runs (`paperscale train --nproc N`, torchrun underneath, DeepSpeed on CPU ranks
+with gloo), alternating 1, 2, 1, 2, ... so that the machine's load drifts equally on both.
+Each rank takes the config's micro-batches, so 2 ranks process twice the tokens per step; the
+figure is tokens/s (source + target, all ranks) from each run's metrics.jsonl, averaged over
+the log steps after the first (the first includes start-up), and the ratio 2-rank / 1-rank
+(2.0 = linear). Without --data a synthetic corpus is prepared under --work first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.train_overhead import prepare_synthetic  # noqa: E402
+
+
+def run_tokens_per_s(
+    nproc: int, run_dir: Path, args: argparse.Namespace, data: Path, timeout: float
+) -> float:
+    """One fresh training run; mean tokens/s of its log steps after the first."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "launch.cli", "train", "--config", args.config,
+        "--nproc", str(nproc), "--run-dir", str(run_dir), f"data.dir={data}",
+        f"train.max_steps={args.steps}", f"train.log_every={args.log_every}",
+        "train.eval_every=0", "train.save_every=0", "train.bleu_every=0",
+        "train.eval_max_batches=1", "train.bleu_samples=8", "logging.wandb=disabled",
+        *args.overrides,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise SystemExit(f"{nproc} ranks: no result within {timeout} s") from None
+    if proc.returncode != 0:
+        sys.stderr.write(log.decode(errors="replace")[-3000:])
+        raise SystemExit(f"{nproc} ranks: paperscale train exited {proc.returncode}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r][1:]
+    if not speeds:
+        raise SystemExit(f"{nproc} ranks: fewer than two logged steps; raise --steps")
+    return sum(speeds) / len(speeds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--data", help="a prepared data dir (default: synthetic under --work)")
+    parser.add_argument("--work", default="/tmp/bench-scaling")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    data = Path(args.data) if args.data else prepare_synthetic(work)
+    speeds: dict[int, list[float]] = {1: [], 2: []}
+    for repeat in range(args.repeats):
+        for nproc in (1, 2):
+            tps = run_tokens_per_s(nproc, work / f"run{nproc}", args, data, args.timeout)
+            speeds[nproc].append(tps)
+            print(f"repeat {repeat}: {nproc} rank(s) {tps:9.0f} tokens/s", flush=True)
+    one, two = (sum(v) / len(v) for v in (speeds[1], speeds[2]))
+    print(f"config {args.config} {' '.join(args.overrides)}".rstrip())
+    print(f"1 rank    {one:9.0f} tokens/s")
+    print(f"2 ranks   {two:9.0f} tokens/s")
+    print(f"ratio     {two / one:9.2f}  (2 ranks / 1 rank; 2.0 = linear, {os.cpu_count()} cores)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Tokens/s of the paperscale training step against a bare PyTorch loop, side by side.
+
+    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python bench/train_overhead.py \\
+        --work /tmp/bench-overhead [--data DATA_DIR] [--config configs/tiny.yaml] \\
+        [--windows 5] [--steps 10] [key=value ...]
+
+One process (a world of one). The paperscale side is the trainer's own step: the DeepSpeed
+engine from trainer.loop.build_engine (ZeRO, bf16, accumulation as configured), batches
+streamed by data_pipeline's TokenBatchStream from real shards, trainer.loop.train_step, the
+per-step window sums and host-side FLOPs, and every `train.log_every` steps the all-reduce and
+a metrics.jsonl line through MetricsLogger. The bare side is the same Transformer in plain
+PyTorch: fp32 weights under bf16 autocast, torch.optim.AdamW, the same loss normalisation,
+replaying exactly the micro-batches the paperscale side consumed in the window before (so the
+token counts are equal and the bare side pays no data loading). Windows alternate, so the
+machine's load drifts equally on both; the figure is the ratio of summed tokens/s.
+
+Without --data, a synthetic corpus is written and prepared under --work first (the same
+commands as tests/integration/conftest.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from data_pipeline.loader import Batch, TokenBatchStream  # noqa: E402
+from data_pipeline.tokenizer import Tokenizer  # noqa: E402
+from launch.config import load_config  # noqa: E402
+from model.loss import label_smoothed_loss  # noqa: E402
+from model.transformer import Transformer  # noqa: E402
+from trainer.dist import init_distributed  # noqa: E402
+from trainer.loop import (  # noqa: E402
+    batch_flops,
+    build_engine,
+    resolve_model_config,
+    seed_everything,
+    skipped_counts,
+    train_step,
+)
+from trainer.metrics import JsonlSink, MetricsLogger, Throughput  # noqa: E402
+
+
+def prepare_synthetic(work: Path) -> Path:
+    """A synthetic corpus prepared into shards (reused when already there)."""
+    data = work / "data"
+    if (data / "manifest.json").is_file():
+        return data
+    cli = [sys.executable, "-m", "launch.cli"]
+    corpus = work / "corpus"
+    subprocess.run([*cli, "corpus", "synthetic", str(corpus), "--train", "20000"], check=True)
+    subprocess.run([*cli, "prepare", str(corpus), str(data), "--vocab-size", "300"], check=True)
+    return data
+
+
+class PaperscaleSide:
+    """The trainer's step with its stream, window sums and periodic metrics logging."""
+
+    def __init__(self, job: Any, model_cfg: Any, env: Any, data_dir: Path, run_dir: Path) -> None:
+        seed_everything(job.train.seed)
+        self.engine = build_engine(job, model_cfg, env)
+        self.job, self.model_cfg, self.env = job, model_cfg, env
+        self.stream = TokenBatchStream(
+            data_dir, "train", job.data, rank=env.rank, world_size=env.world_size, shuffle=True
+        )
+        self.batches = iter(self.stream)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.logger = MetricsLogger([JsonlSink(run_dir / "metrics.jsonl")])
+        self.window = torch.zeros(4, dtype=torch.float64, device=env.device)
+        self.window_flops = 0.0
+        self.timer = Throughput()
+        self.step_no = 0
+
+    def step(self) -> list[Batch]:
+        micro = [next(self.batches) for _ in range(self.job.train.grad_accum)]
+        sums, _ = train_step(
+            self.engine, micro, self.env, self.model_cfg.label_smoothing, [False, False]
+        )
+        self.window += sums
+        self.window_flops += batch_flops(self.model_cfg, micro)
+        self.step_no += 1
+        if self.step_no % self.job.train.log_every == 0:
+            extra = torch.tensor(
+                [self.window_flops, *skipped_counts(self.stream)], dtype=torch.float64
+            )
+            reduced = torch.cat([self.window, extra])
+            torch.distributed.all_reduce(reduced)
+            loss_sum, _, tgt, src, *_ = reduced.tolist()
+            self.window.zero_()
+            self.window_flops = 0.0
+            seconds = self.timer.lap()
+            self.logger.log(
+                self.step_no,
+                {
+                    "loss": loss_sum / tgt,
+                    "lr": self.engine.get_lr()[0],
+                    "tokens_per_s": (src + tgt) / seconds,
+                },
+            )
+        return micro
+
+
+class BareSide:
+    """The same model in plain PyTorch: bf16 autocast, AdamW, no DeepSpeed, no loader."""
+
+    def __init__(self, model_cfg: Any, epsilon: float) -> None:
+        seed_everything(1)
+        self.model = Transformer(model_cfg).train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98))
+        self.epsilon = epsilon
+
+    def step(self, micro: list[Batch]) -> None:
+        tokens = sum(b.n_tgt_tokens for b in micro)
+        for batch in micro:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+            loss, _, _ = label_smoothed_loss(logits, batch.tgt_out, self.epsilon)
+            (loss / tokens).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def tokens_of(micros: list[list[Batch]]) -> int:
+    return sum(b.n_src_tokens + b.n_tgt_tokens for micro in micros for b in micro)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--data", help="a prepared data dir (default: synthetic under --work)")
+    parser.add_argument("--work", default="/tmp/bench-overhead")
+    parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per window")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per side first")
+    parser.add_argument("--profile", action="store_true", help="cProfile the paperscale side")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    work = Path(args.work)
+    data_dir = Path(args.data) if args.data else prepare_synthetic(work)
+    job = load_config(args.config, [f"data.dir={data_dir}", *args.overrides])
+    env = init_distributed("cpu")
+    model_cfg = resolve_model_config(job.model, Tokenizer(data_dir / "spm.model"))
+    ours = PaperscaleSide(job, model_cfg, env, data_dir, work / "run")
+    bare = BareSide(model_cfg, model_cfg.label_smoothing)
+    for _ in range(args.warmup):
+        bare.step(ours.step())
+
+    profiler = cProfile.Profile() if args.profile else None
+    rows = []
+    for window in range(args.windows):
+        if profiler:
+            profiler.enable()
+        start = time.perf_counter()
+        micros = [ours.step() for _ in range(args.steps)]
+        ours_s = time.perf_counter() - start
+        if profiler:
+            profiler.disable()
+        start = time.perf_counter()
+        for micro in micros:
+            bare.step(micro)
+        bare_s = time.perf_counter() - start
+        tokens = tokens_of(micros)
+        rows.append((window, tokens, ours_s, bare_s))
+        print(
+            f"window {window}: {tokens} tokens  paperscale {tokens / ours_s:8.0f} tok/s  "
+            f"bare {tokens / bare_s:8.0f} tok/s  ratio {bare_s / ours_s:.3f}",
+            flush=True,
+        )
+    total = sum(r[1] for r in rows)
+    ours_total, bare_total = sum(r[2] for r in rows), sum(r[3] for r in rows)
+    print(
+        f"config {args.config} ({sum(p.numel() for p in bare.model.parameters()):,} parameters, "
+        f"ZeRO {job.train.zero_stage}, {job.train.precision}, grad_accum {job.train.grad_accum}, "
+        f"log_every {job.train.log_every})"
+    )
+    print(f"paperscale  {total / ours_total:10.0f} tokens/s")
+    print(f"bare torch  {total / bare_total:10.0f} tokens/s")
+    print(f"ratio       {bare_total / ours_total:10.3f}  (paperscale / bare; goal >= 0.90)")
+    ratios = sorted(r[3] / r[2] for r in rows)
+    print(f"median      {ratios[len(ratios) // 2]:10.3f}  (of the per-window ratios)")
+    if profiler:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+        print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()

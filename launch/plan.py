@@ -1,0 +1,391 @@
+"""The planner: memory per rank for each ZeRO stage, micro-batch x accumulation, time per step.
+
+Pure functions of the config's shapes and a few machine figures; nothing here starts a process
+or touches a device. `paperscale plan` prints `make_plan`'s result.
+
+Memory of the model states (per rank, Psi parameters, N data-parallel ranks) follows the ZeRO
+paper's accounting as DeepSpeed 0.19 allocates it for bf16/fp16 mixed precision: 16-bit
+parameters (2 Psi) and gradients (2 Psi), plus K = 12 bytes per parameter of optimizer state
+(fp32 master weights, Adam m and v):
+
+    stage 0   2 Psi + 2 Psi + 12 Psi          (DeepSpeed's bf16/fp16 optimizer wrapper)
+    stage 1   2 Psi + 2 Psi + 12 Psi / N      optimizer states partitioned
+    stage 2   2 Psi + (2 + 12) Psi / N        gradients too
+    stage 3   (2 + 2 + 12) Psi / N            parameters too (+ small parameters kept whole)
+
+fp32 training has no master copy at stage 0 (4 + 4 + 8 bytes), while ZeRO 1-3 still keep an fp32
+partition beside the fp32 parameters (4 + 4 + 12). Buffers from trainer/ds_config.py's bucket
+sizes: ZeRO 1/2 fill one contiguous reduce bucket of `reduce_bucket_size` 16-bit elements
+during backward (allocated per backward pass, released after it); ZeRO 3 keeps its reduce
+bucket for the engine's lifetime and gathers up to `stage3_prefetch_bucket_size` parameters
+ahead of their use. Module buffers (the fp32 sinusoidal position table) are counted too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from model.config import ModelConfig
+from model.params import count_parameters
+from trainer.flops import step_flops
+
+GIB = 2**30
+STAGES = (0, 1, 2, 3)
+# Peak dense bf16 matmul FLOP/s of one H200 as measured (the data sheet says 989e12 dense).
+H200_BF16_MEASURED = 790e12
+# CUDA context, cuBLAS workspaces and NCCL buffers: memory a rank never gets for tensors.
+RUNTIME_RESERVE_BYTES = 1 * GIB
+TOKEN_MULTIPLE = 256  # micro-batch sizes are searched in steps of this many tokens
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the plan is for: ranks, memory per rank and the assumed speed."""
+
+    nodes: int = 1
+    gpus_per_node: int = 8
+    gpu_mem_gib: float = 80.0
+    headroom: float = 0.1  # fraction of gpu_mem kept free (allocator fragmentation)
+    mfu: float = 0.4
+    peak_flops: float = H200_BF16_MEASURED
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def usable_bytes(self) -> float:
+        """Bytes per rank the planner may fill: gpu_mem less headroom and the runtime."""
+        return self.gpu_mem_gib * GIB * (1.0 - self.headroom) - RUNTIME_RESERVE_BYTES
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """DeepSpeed bucket sizes in elements (trainer/ds_config.py sets them)."""
+
+    reduce: int
+    allgather: int
+    prefetch: int
+    persistence_threshold: int
+
+
+def ds_buckets() -> Buckets:
+    """The bucket sizes trainer/ds_config.py gives DeepSpeed."""
+    from trainer.ds_config import BUCKET_ELEMENTS
+
+    return Buckets(BUCKET_ELEMENTS, BUCKET_ELEMENTS, BUCKET_ELEMENTS, 100_000)
+
+
+def precision_bytes(precision: str) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer-state) bytes per parameter at ZeRO 1-3."""
+    if precision == "fp32":
+        return 4, 4, 12
+    return 2, 2, 12
+
+
+def persistent_numel(cfg: ModelConfig, threshold: int) -> int:
+    """Parameters ZeRO 3 keeps whole on every rank: tensors of at most `threshold` elements
+    (biases, LayerNorms, and any weight matrix that small)."""
+    d, f = cfg.d_model, cfg.d_ff
+    attn = [d * d, d] * 4
+    ffn = [d * f, f, f * d, d]
+    norm = [d, d]
+    tensors = (
+        cfg.encoder_layers * (attn + ffn + 2 * norm)
+        + cfg.decoder_layers * (2 * attn + ffn + 3 * norm)
+        + ([d, d] * 2 if cfg.pre_norm else [])
+    )
+    assert cfg.vocab_size is not None
+    tensors.append(cfg.vocab_size * d)
+    return sum(n for n in tensors if n <= threshold)
+
+
+def module_buffer_bytes(cfg: ModelConfig) -> int:
+    """The fp32 sinusoidal position table (max_positions x d_model), on every rank."""
+    return cfg.max_positions * cfg.d_model * 4
+
+
+def model_state_bytes(
+    n_params: int,
+    stage: int,
+    world: int,
+    precision: str = "bf16",
+    buckets: Buckets | None = None,
+    persistent: int = 0,
+) -> dict[str, float]:
+    """Per-rank bytes: params, grads, optimizer, buffers (bucket peak), total.
+
+    `persistent` is the number of parameters ZeRO 3 keeps whole (see `persistent_numel`).
+    `buffers` holds the bucket memory at its peak during a step; `resident` is what stays
+    allocated between steps (params + grads + optimizer + persistent buckets).
+    """
+    if stage not in STAGES:
+        raise ValueError(f"ZeRO stage must be 0-3, got {stage}")
+    if world < 1:
+        raise ValueError(f"world size must be >= 1, got {world}")
+    buckets = buckets or ds_buckets()
+    p_b, g_b, o_b = precision_bytes(precision)
+    if stage == 0 and precision == "fp32":
+        o_b = 8  # Adam m, v; the fp32 parameters are the master weights
+    half = 2 if precision != "fp32" else 4  # bucket element size (the gradient dtype)
+    psi = float(n_params)
+    params = p_b * psi if stage < 3 else p_b * (psi / world + persistent)
+    grads = g_b * psi if stage < 2 else g_b * psi / world
+    optimizer = o_b * psi if stage == 0 else o_b * psi / world
+    resident_buffers = 0.0
+    if stage in (1, 2):
+        transient = half * buckets.reduce  # contiguous reduce bucket, during backward
+    elif stage == 3:
+        resident_buffers = half * buckets.reduce  # kept for the engine's lifetime
+        transient = half * min(buckets.prefetch, psi)  # parameters gathered ahead of use
+    else:
+        transient = 0.0
+    return {
+        "params": params,
+        "grads": grads,
+        "optimizer": optimizer,
+        "buffers": resident_buffers + transient,
+        "resident": params + grads + optimizer + resident_buffers,
+        "total": params + grads + optimizer + resident_buffers + transient,
+    }
+
+
+def activation_bytes_per_token(cfg: ModelConfig, precision: str = "bf16") -> dict[str, float]:
+    """Bytes kept for backward per token of a micro-batch (per side), by term.
+
+    Counted from what autograd saves in model/ (post-LN layers, SDPA attention whose fused
+    kernels keep the output and a float32 log-sum-exp per head instead of the score matrix),
+    with a = bytes of an activation (2 for bf16/fp16, 4 for fp32), d = d_model, f = d_ff,
+    h = heads:
+      encoder layer, per source token: input, q, k, v, attention output, its merged-heads copy,
+        LayerNorm input (7 d a), FFN input, ReLU output, LayerNorm input ((2 d + f) a), two
+        dropout masks (2 d bytes), log-sum-exp (4 h) and two LayerNorm mean/rstd (16);
+      decoder layer, per target token: self-attention as above (7 d a), cross-attention query
+        input, q, output, merged copy, LayerNorm input (5 d a), FFN ((2 d + f) a), three masks
+        (3 d), 8 h + 24; per source token: the cross-attention k and v (2 d a);
+      embeddings: the scaled embedding and its dropout mask (d a + d) per token each side;
+      logits, per target token: bf16 logits held until backward, fp32 log-probabilities saved
+        by log_softmax, and their fp32 and 16-bit gradients in backward (2 + 4 + 4 + 2) V
+        (fp32 training: 16 V).
+    With activation checkpointing each layer keeps only its input (d a per token) and one layer
+    at a time is recomputed in backward, so the layer terms become L d a + one layer's terms.
+    Attention dropout > 0 would make SDPA fall back to the math kernel that saves (h, S, S)
+    scores; it is off in every preset and not counted.
+    """
+    a = 4 if precision == "fp32" else 2
+    d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
+    assert cfg.vocab_size is not None
+    enc_layer = (9 * d + f) * a + 2 * d + 4 * h + 16
+    dec_layer_tgt = (14 * d + f) * a + 3 * d + 8 * h + 24
+    dec_layer_src = 2 * d * a
+    embed = d * a + d
+    logits = (16 if precision == "fp32" else 12) * cfg.vocab_size
+    return {
+        "encoder": enc_layer * cfg.encoder_layers,
+        "decoder": dec_layer_tgt * cfg.decoder_layers,
+        "cross_kv": dec_layer_src * cfg.decoder_layers,
+        "embeddings": 2 * embed,
+        "logits": logits,
+        "encoder_layer": enc_layer,
+        "decoder_layer": dec_layer_tgt + dec_layer_src,
+    }
+
+
+def activation_bytes(
+    cfg: ModelConfig, tokens: int, precision: str = "bf16", checkpointing: bool = False
+) -> float:
+    """Activation memory of one micro-batch of `tokens` padded tokens per side (source and
+    target alike); see `activation_bytes_per_token`."""
+    t = activation_bytes_per_token(cfg, precision)
+    a = 4 if precision == "fp32" else 2
+    if checkpointing:
+        layer_inputs = cfg.d_model * a * (cfg.encoder_layers + cfg.decoder_layers)
+        layers = layer_inputs + max(t["encoder_layer"], t["decoder_layer"])
+    else:
+        layers = t["encoder"] + t["decoder"] + t["cross_kv"]
+    return float(tokens) * (layers + t["embeddings"] + t["logits"])
+
+
+def largest_micro_batch(
+    cfg: ModelConfig,
+    state_bytes: float,
+    usable_bytes: float,
+    precision: str = "bf16",
+    checkpointing: bool = False,
+    multiple: int = TOKEN_MULTIPLE,
+    cap: int | None = None,
+) -> int:
+    """Largest multiple of `multiple` tokens per side whose activations fit beside the model
+    states in `usable_bytes` (0 when not even one multiple fits); at most `cap` if given."""
+    free = usable_bytes - state_bytes
+    per_token = activation_bytes(cfg, 1, precision, checkpointing)
+    if free <= 0:
+        return 0
+    tokens = int(free // per_token) // multiple * multiple
+    if cap is not None:
+        tokens = min(tokens, math.ceil(cap / multiple) * multiple)
+    return tokens
+
+
+def accumulation_steps(target_tokens: int, micro_tokens: int, world: int) -> int:
+    """Fewest micro-batches per rank and step with accum * micro * world >= target."""
+    if micro_tokens <= 0:
+        raise ValueError("micro-batch must be > 0 tokens")
+    return max(1, math.ceil(target_tokens / (micro_tokens * world)))
+
+
+def stage_plan(
+    cfg: ModelConfig,
+    stage: int,
+    machine: Machine,
+    target_tokens: int,
+    precision: str = "bf16",
+    checkpointing: bool = False,
+    buckets: Buckets | None = None,
+) -> dict[str, float | int | bool]:
+    """One stage's memory, micro-batch and accumulation on `machine`.
+
+    `max_micro_tokens` is the largest micro-batch that fits; `grad_accum` the fewest steps that
+    reach the target with it; `micro_tokens` the smallest multiple of TOKEN_MULTIPLE that
+    still reaches the target in that many steps (less overshoot, same accumulation).
+    """
+    buckets = buckets or ds_buckets()
+    n_params = count_parameters(cfg)["total"]
+    persistent = persistent_numel(cfg, buckets.persistence_threshold) if stage == 3 else 0
+    states = model_state_bytes(n_params, stage, machine.world, precision, buckets, persistent)
+    states["buffers"] += module_buffer_bytes(cfg)
+    states["total"] += module_buffer_bytes(cfg)
+    cap = math.ceil(target_tokens / machine.world)
+    micro = largest_micro_batch(
+        cfg, states["total"], machine.usable_bytes(), precision, checkpointing, cap=cap
+    )
+    out: dict[str, float | int | bool] = {"stage": stage, **states}
+    out["fits"] = micro > 0
+    out["max_micro_tokens"] = micro
+    accum = accumulation_steps(target_tokens, micro, machine.world) if micro else 0
+    if accum:  # the smallest multiple that still reaches the target in `accum` steps
+        need = math.ceil(target_tokens / (accum * machine.world))
+        micro = min(micro, math.ceil(need / TOKEN_MULTIPLE) * TOKEN_MULTIPLE)
+    out["micro_tokens"] = micro
+    out["activations"] = activation_bytes(cfg, micro, precision, checkpointing)
+    out["grad_accum"] = accum
+    out["peak"] = states["total"] + out["activations"]
+    return out
+
+
+def recommend_stage(stages: list[dict[str, float | int | bool]]) -> int | None:
+    """The smallest stage that reaches the fewest accumulation steps (None if none fits).
+
+    Lower stages communicate less; a higher one is only worth it when the memory it frees
+    allows a larger micro-batch and so fewer accumulation steps.
+    """
+    fitting = [s for s in stages if s["fits"]]
+    if not fitting:
+        return None
+    fewest = min(int(s["grad_accum"]) for s in fitting)
+    return min(int(s["stage"]) for s in fitting if int(s["grad_accum"]) == fewest)
+
+
+def make_plan(
+    cfg: ModelConfig,
+    machine: Machine,
+    target_tokens: int = 25_000,
+    max_steps: int = 100_000,
+    precision: str = "bf16",
+    checkpointing: bool = False,
+    seq_len: int = 32,
+    buckets: Buckets | None = None,
+) -> dict:
+    """Everything `paperscale plan` prints.
+
+    `target_tokens` is per side: the paper's ~25k source and ~25k target tokens per step.
+    Micro-batches are padded tokens per side, as `data.max_tokens` counts them. FLOPs count
+    the step's target_tokens on both sides at padded length `seq_len` (trainer/flops.py).
+    """
+    if target_tokens < 1:
+        raise ValueError("target tokens must be >= 1")
+    stages = [
+        stage_plan(cfg, s, machine, target_tokens, precision, checkpointing, buckets)
+        for s in STAGES
+    ]
+    best = recommend_stage(stages)
+    out: dict = {
+        "params": count_parameters(cfg),
+        "world": machine.world,
+        "gpu_mem_gib": machine.gpu_mem_gib,
+        "usable_gib": machine.usable_bytes() / GIB,
+        "precision": precision,
+        "activation_checkpointing": checkpointing,
+        "target_tokens_per_side": target_tokens,
+        "stages": stages,
+        "recommended_stage": best,
+    }
+    if best is not None:
+        chosen = stages[best]
+        tokens = int(chosen["micro_tokens"]) * int(chosen["grad_accum"]) * machine.world
+        flops = step_flops(cfg, tokens, tokens, seq_len, seq_len)
+        if checkpointing:
+            flops *= 4 / 3  # the forward pass runs twice
+        step_s = flops / (machine.world * machine.peak_flops * machine.mfu)
+        out.update(
+            {
+                "micro_tokens": chosen["micro_tokens"],
+                "grad_accum": chosen["grad_accum"],
+                "tokens_per_step_per_side": tokens,
+                "flops_per_step": flops,
+                "mfu": machine.mfu,
+                "peak_tflops": machine.peak_flops / 1e12,
+                "step_s": step_s,
+                "max_steps": max_steps,
+                "total_hours": step_s * max_steps / 3600,
+                "overrides": [
+                    f"train.zero_stage={best}",
+                    f"data.max_tokens={chosen['micro_tokens']}",
+                    f"train.grad_accum={chosen['grad_accum']}",
+                ],
+            }
+        )
+    return out
+
+
+def format_plan(plan: dict) -> str:
+    """The human table."""
+    p = plan["params"]
+    lines = [
+        f"parameters       {p['total']:,} (embeddings {p['embeddings']:,}, encoder "
+        f"{p['encoder']:,}, decoder {p['decoder']:,})",
+        f"ranks            {plan['world']} x {plan['gpu_mem_gib']:g} GiB "
+        f"({plan['usable_gib']:.1f} GiB usable per rank), {plan['precision']}, "
+        f"activation checkpointing {'on' if plan['activation_checkpointing'] else 'off'}",
+        f"target           {plan['target_tokens_per_side']:,} tokens per side per step",
+        "",
+        "GiB per rank  params   grads   optim  buffers  states  micro-tok  accum  act   peak",
+    ]
+    for s in plan["stages"]:
+        g = {k: float(s[k]) / GIB for k in ("params", "grads", "optimizer", "buffers", "total")}
+        fit = (
+            f"{int(s['micro_tokens']):>9,}  {int(s['grad_accum']):>5}  "
+            f"{float(s['activations']) / GIB:5.1f}  {float(s['peak']) / GIB:5.1f}"
+            if s["fits"]
+            else "  does not fit"
+        )
+        mark = " *" if s["stage"] == plan["recommended_stage"] else "  "
+        lines.append(
+            f"ZeRO {s['stage']}{mark}     {g['params']:6.2f}  {g['grads']:6.2f}  "
+            f"{g['optimizer']:6.2f}  {g['buffers']:7.2f}  {g['total']:6.2f}  {fit}"
+        )
+    lines.append("")
+    if plan["recommended_stage"] is None:
+        lines.append("no stage fits: more ranks, more memory, or activation checkpointing")
+        return "\n".join(lines)
+    lines += [
+        f"recommended      ZeRO {plan['recommended_stage']}: {plan['micro_tokens']:,} tokens "
+        f"x {plan['grad_accum']} accumulation x {plan['world']} ranks = "
+        f"{plan['tokens_per_step_per_side']:,} tokens per side per step",
+        f"overrides        {' '.join(plan['overrides'])}",
+        f"FLOPs per step   {plan['flops_per_step']:.3e}",
+        f"step time        {plan['step_s']:.3f} s at {plan['mfu']:.0%} MFU of "
+        f"{plan['peak_tflops']:g} TFLOP/s per rank",
+        f"total            {plan['total_hours']:.1f} h for {plan['max_steps']:,} steps",
+    ]
+    return "\n".join(lines)

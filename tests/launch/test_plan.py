@@ -1,0 +1,212 @@
+"""The planner's pure functions and `paperscale plan` through the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.plan import (
+    GIB,
+    Buckets,
+    Machine,
+    accumulation_steps,
+    activation_bytes,
+    largest_micro_batch,
+    make_plan,
+    model_state_bytes,
+    recommend_stage,
+    stage_plan,
+)
+from model.config import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_BUCKETS = Buckets(reduce=0, allgather=0, prefetch=0, persistence_threshold=0)
+BIG = ModelConfig(vocab_size=37000, d_model=1024, n_heads=16, d_ff=4096)
+BASE = ModelConfig(vocab_size=37000)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8, 64])
+def test_model_states_partition_by_stage(world: int) -> None:
+    psi = 1_000_000
+    states = {s: model_state_bytes(psi, s, world, "bf16", NO_BUCKETS) for s in range(4)}
+    assert states[0]["total"] == 16 * psi
+    assert states[1]["params"] == 2 * psi and states[1]["grads"] == 2 * psi
+    assert states[1]["optimizer"] == pytest.approx(12 * psi / world)
+    assert states[2]["params"] == 2 * psi
+    assert states[2]["grads"] == pytest.approx(2 * psi / world)
+    assert states[2]["optimizer"] == pytest.approx(12 * psi / world)
+    assert states[3]["total"] == pytest.approx(16 * psi / world)
+    totals = [states[s]["total"] for s in range(4)]
+    if world == 1:
+        assert totals == [16 * psi] * 4
+    else:
+        assert totals == sorted(totals, reverse=True) and len(set(totals)) == 4
+
+
+def test_partitioned_terms_scale_one_over_world() -> None:
+    psi = 3_000_000
+    for stage, partitioned in ((1, ["optimizer"]), (2, ["optimizer", "grads"]), (3, ["total"])):
+        one = model_state_bytes(psi, stage, 1, "bf16", NO_BUCKETS)
+        for world in (2, 8, 32):
+            many = model_state_bytes(psi, stage, world, "bf16", NO_BUCKETS)
+            for key in partitioned:
+                assert many[key] == pytest.approx(one[key] / world)
+
+
+def test_buckets_come_from_the_ds_config() -> None:
+    from trainer.ds_config import BUCKET_ELEMENTS
+
+    s1 = model_state_bytes(10**6, 1, 2)
+    s3 = model_state_bytes(10**6, 3, 2)
+    assert s1["buffers"] == 2 * BUCKET_ELEMENTS  # one 16-bit reduce bucket
+    assert s1["resident"] == s1["total"] - s1["buffers"]
+    assert s3["resident"] == s3["params"] + s3["grads"] + s3["optimizer"] + 2 * BUCKET_ELEMENTS
+
+
+def test_fp32_has_no_master_copy_at_stage_0() -> None:
+    assert model_state_bytes(100, 0, 1, "fp32", NO_BUCKETS)["total"] == 16 * 100
+    assert model_state_bytes(100, 1, 1, "fp32", NO_BUCKETS)["total"] == 20 * 100
+
+
+def test_activations_linear_in_tokens_and_smaller_with_checkpointing() -> None:
+    one = activation_bytes(BIG, 1)
+    assert activation_bytes(BIG, 4096) == pytest.approx(4096 * one)
+    assert activation_bytes(BIG, 4096, checkpointing=True) < 0.6 * activation_bytes(BIG, 4096)
+    assert activation_bytes(BIG, 1, "fp32") > one
+    # the logits dominate at a 37k vocabulary: 12 bytes per vocabulary entry per token
+    assert one > 12 * 37000
+
+
+def test_micro_batch_search_is_monotone_in_memory() -> None:
+    sizes = [largest_micro_batch(BIG, 2 * GIB, mem * GIB, multiple=256) for mem in range(2, 80, 3)]
+    assert sizes == sorted(sizes)
+    assert sizes[0] == 0 and sizes[-1] > 0
+    assert all(s % 256 == 0 for s in sizes)
+    for mem in (8, 24, 80):
+        tokens = largest_micro_batch(BIG, 2 * GIB, mem * GIB)
+        assert 2 * GIB + activation_bytes(BIG, tokens) <= mem * GIB
+        assert 2 * GIB + activation_bytes(BIG, tokens + 256) > mem * GIB
+
+
+@pytest.mark.parametrize("target", [1, 255, 25_000, 100_003])
+@pytest.mark.parametrize("micro", [256, 4096, 7936])
+@pytest.mark.parametrize("world", [1, 3, 8])
+def test_accumulation_reaches_the_target(target: int, micro: int, world: int) -> None:
+    accum = accumulation_steps(target, micro, world)
+    assert accum * micro * world >= target
+    assert accum == 1 or (accum - 1) * micro * world < target
+
+
+@pytest.mark.parametrize("gpu_mem", [12.0, 24.0, 80.0, 141.0])
+@pytest.mark.parametrize("world", [1, 8, 16])
+def test_plan_meets_the_target_and_fits(gpu_mem: float, world: int) -> None:
+    machine = Machine(nodes=world // 8 or 1, gpus_per_node=min(world, 8), gpu_mem_gib=gpu_mem)
+    plan = make_plan(BIG, machine, target_tokens=25_000)
+    for stage in plan["stages"]:
+        if stage["fits"]:
+            accum, micro = stage["grad_accum"], stage["micro_tokens"]
+            assert micro * accum * machine.world >= 25_000
+            assert micro <= stage["max_micro_tokens"] and micro % 256 == 0
+            assert (micro - 256) * accum * machine.world < 25_000  # no needless overshoot
+            assert stage["peak"] <= machine.usable_bytes()
+    best = plan["recommended_stage"]
+    assert best is not None
+    assert plan["tokens_per_step_per_side"] >= 25_000
+    fewest = min(s["grad_accum"] for s in plan["stages"] if s["fits"])
+    assert plan["grad_accum"] == fewest
+    assert all(s["grad_accum"] > fewest for s in plan["stages"][:best] if s["fits"])
+    assert plan["step_s"] == pytest.approx(
+        plan["flops_per_step"] / (machine.world * machine.peak_flops * machine.mfu)
+    )
+
+
+def test_higher_stage_recommended_when_memory_is_tight() -> None:
+    machine = Machine(nodes=1, gpus_per_node=8, gpu_mem_gib=6.0, headroom=0.0)
+    stages = [stage_plan(BIG, s, machine, 25_000, buckets=NO_BUCKETS) for s in range(4)]
+    assert stages[0]["micro_tokens"] < stages[3]["micro_tokens"]
+    assert recommend_stage(stages) > 0
+    assert recommend_stage([{**s, "fits": False} for s in stages]) is None
+
+
+def _plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "launch.cli", "plan", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_cli_json_and_table() -> None:
+    args = ["--config", "configs/big.yaml", "--nodes", "1", "--gpus-per-node", "8"]
+    proc = _plan_cli(*args, "--gpu-mem", "80", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["params"]["total"] == 214_245_376
+    assert [s["stage"] for s in plan["stages"]] == [0, 1, 2, 3]
+    assert plan["world"] == 8 and plan["target_tokens_per_side"] == 25_000
+    assert plan["micro_tokens"] * plan["grad_accum"] * 8 >= 25_000
+    assert plan["max_steps"] == 300_000
+    proc = _plan_cli(*args, "--gpu-mem", "80", "train.activation_checkpointing=true")
+    assert proc.returncode == 0, proc.stderr
+    assert "recommended      ZeRO" in proc.stdout and "ZeRO 3" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        (["--gpu-mem", "0"], "--gpu-mem"),
+        (["--nodes", "0"], "--nodes"),
+        (["--mfu", "1.5"], "--mfu"),
+        (["--target-tokens", "-3"], "--target-tokens"),
+        (["train.zero_stage=7"], "train.zero_stage"),
+    ],
+)
+def test_cli_bad_args_exit_2_one_line(bad: list[str], needle: str) -> None:
+    proc = _plan_cli("--config", "configs/base.yaml", *bad)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "d, f, heads, vocab, layers", [(64, 256, 2, 2000, 2), (128, 512, 4, 800, 1)]
+)
+def test_activation_estimate_matches_what_autograd_saves(
+    d: int, f: int, heads: int, vocab: int, layers: int
+) -> None:
+    """Bytes autograd saves in a bf16 training forward (plus the logits held until backward)
+    equal the per-token estimate less the backward-only logit gradients (6 V per token)."""
+    import torch
+
+    from model.loss import label_smoothed_loss
+    from model.transformer import Transformer
+
+    cfg = ModelConfig(
+        vocab_size=vocab, d_model=d, d_ff=f, n_heads=heads, encoder_layers=layers,
+        decoder_layers=layers, dropout=0.1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Transformer(cfg).to(torch.bfloat16).train()
+    weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    b, s = 8, 32
+    src = torch.randint(4, vocab, (b, s))  # (B, S)
+    tgt = torch.randint(4, vocab, (b, s + 1))  # (B, T + 1)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(src, tgt[:, :-1])  # (B, T, V)
+        label_smoothed_loss(logits, tgt[:, 1:], 0.1)
+    measured = sum(saved.values()) + logits.untyped_storage().nbytes()
+    predicted = activation_bytes(cfg, b * s) - 6 * vocab * b * s
+    assert measured == pytest.approx(predicted, rel=0.03)
