@@ -43,7 +43,29 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         path = run_dir / f"eval_{split}.json"
         if path.is_file():
             status[f"{split}_eval"] = json.loads(path.read_text())
+    status["slurm"] = slurm_status(run_dir)
     return status
+
+
+def slurm_status(run_dir: Path) -> dict[str, Any] | None:
+    """The scheduler's state of the job `paperscale submit` recorded for this run, if any."""
+    from launch.slurm import job_state, read_record
+
+    record = read_record(run_dir)
+    return None if record is None else job_state(str(record["job_id"]))
+
+
+def format_slurm(job: dict[str, Any]) -> str:
+    if job.get("scheduler") is None:
+        return f"slurm job        {job['job_id']}: no scheduler (scontrol/squeue/sacct not found)"
+    details = [
+        f"{key} {job[key]}"
+        for key in ("restarts", "exit_code", "reason", "nodes", "run_time")
+        if job.get(key) not in (None, "", "None", "(null)")
+    ]
+    return f"slurm job        {job['job_id']} {job['state']}" + (
+        f" ({', '.join(details)})" if details else ""
+    )
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -60,6 +82,8 @@ def format_status(status: dict[str, Any]) -> str:
         f"valid loss       {num(status['valid_loss'], '.3f')}",
         f"valid BLEU       {num(status['bleu'], '.2f')}",
     ]
+    if status.get("slurm"):
+        lines.insert(1, format_slurm(status["slurm"]))
     for split in ("valid", "test"):
         ev = status.get(f"{split}_eval")
         if ev:

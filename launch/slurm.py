@@ -1,0 +1,299 @@
+"""`paperscale submit`: a run dir with an sbatch script, handed to Slurm.
+
+The script runs one task per node with `srun`; each task starts torchrun with a c10d
+rendezvous on the first node, and torchrun's workers run the same `paperscale train` as a local
+run. The batch shell forwards Slurm's early-warning signal (USR1, `--signal=B:USR1@N`) to the
+tasks, which pass it on to the workers: they finish the step, save a checkpoint and exit 75,
+and the batch shell then requeues the job (`scontrol requeue`). A requeued job resumes from the
+latest complete checkpoint in the same run dir, under the same wandb run id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launch.cluster import ClusterProfile, load_profile, secret_assignment
+from launch.config import ConfigError, JobConfig, check_data_dir, load_config, to_yaml
+from launch.preflight import check_resume
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SCRIPT_NAME = "job.sbatch"
+RECORD_NAME = "slurm.json"  # the job id of the run's submission, read by `paperscale status`
+LOG_DIR = "logs"
+
+
+class SubmitError(Exception):
+    """Slurm refused or could not be reached; `str()` is one line for the user."""
+
+
+def batch_script(
+    job_name: str, run_dir: Path, profile: ClusterProfile, workdir: Path, python: str
+) -> str:
+    """The sbatch script of one run. It holds no secrets: only the profile's environment
+    (checked by `ClusterProfile.problems`) and paths; credentials come from the environment of
+    the submitting shell, which sbatch passes on."""
+    q = shlex.quote
+    run = str(run_dir)
+    sbatch = [
+        f"--job-name={'_'.join(job_name.split())}",
+        f"--nodes={profile.nodes}",
+        "--ntasks-per-node=1",
+    ]
+    if profile.cpus_per_task:
+        sbatch.append(f"--cpus-per-task={profile.cpus_per_task}")
+    if profile.gpus_per_node:
+        sbatch.append(f"--gpus-per-node={profile.gpus_per_node}")
+    if profile.mem:
+        sbatch.append(f"--mem={profile.mem}")
+    sbatch.append(f"--time={profile.time}")
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(profile, key)
+        if value:
+            sbatch.append(f"--{key}={value}")
+    sbatch += [
+        f"--output={run}/{LOG_DIR}/slurm-%j.out",
+        "--open-mode=append",
+        "--requeue",
+        f"--signal=B:USR1@{profile.signal_seconds}",
+        f"--chdir={workdir}",
+        *profile.sbatch_args,
+    ]
+    srun = ["srun", f"--nodes={profile.nodes}", f"--ntasks={profile.nodes}"]
+    srun += ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if profile.cpus_per_task:
+        srun.append(f"--cpus-per-task={profile.cpus_per_task}")
+    step = [python, "-m", "launch.slurm_job"]
+    lines = [
+        "#!/bin/bash",
+        f"# Written by `paperscale submit` (cluster profile {profile.name!r}) for the run in",
+        f"# {run}. Submit again with: sbatch {q(str(run_dir / SCRIPT_NAME))}",
+        *(f"#SBATCH {arg}" for arg in sbatch),
+        "",
+        "set -o pipefail",
+        "",
+        "# environment from the cluster profile",
+        *(f"export {name}={q(str(value))}" for name, value in profile.env.items()),
+        f"export PYTHONPATH={q(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "export PYTHONUNBUFFERED=1",
+        *profile.setup,
+        "",
+        "# c10d rendezvous of torchrun on the first node of the allocation",
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+        "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        "export MASTER_ADDR MASTER_PORT",
+        "",
+        "# USR1 (Slurm's warning before the time limit, or `scancel --signal=USR1 --batch`)",
+        "# goes on to the tasks: every rank finishes its step, saves and exits, and the job is",
+        "# requeued. TERM (scancel) ends the job without a requeue.",
+        "step=",
+        "requeue=1",
+        'trap \'[ -n "$step" ] && kill -USR1 "$step" 2>/dev/null\' USR1',
+        'trap \'requeue=0; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null\' TERM',
+        "",
+        "# A bad config fails the job here, at once, with exit code 2 (and no requeue).",
+        " ".join([*map(q, step), "check", "--run-dir", q(run)]) + " || exit $?",
+        f"rm -f {q(run)}/summary.json",
+        "",
+        "# one task per node: torchrun with --nproc_per_node ranks",
+        " ".join(
+            [
+                *srun,
+                *map(q, step),
+                "node",
+                "--run-dir",
+                q(run),
+                f"--nnodes={profile.nodes}",
+                f"--nproc-per-node={profile.ranks_per_node()}",
+            ]
+        )
+        + " &",
+        "step=$!",
+        'while kill -0 "$step" 2>/dev/null; do wait "$step"; done',
+        'wait "$step"; rc=$?',
+        "",
+        "# torchrun's workers exit 0; the run's summary.json has its exit code: 75 when the",
+        "# ranks saved a checkpoint and stopped on a signal. Then, unless the job is being",
+        "# cancelled, requeue it; the requeued job resumes from that checkpoint.",
+        'if [ "$rc" -eq 0 ]; then',
+        "    " + " ".join([*map(q, step), "outcome", "--run-dir", q(run)]),
+        "    rc=$?",
+        "fi",
+        'if [ "$rc" -eq 75 ] && [ "$requeue" -eq 1 ]; then',
+        '    echo "paperscale: checkpoint saved; requeueing job $SLURM_JOB_ID"',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$rc"',
+        "",
+    ]
+    script = "\n".join(lines)
+    bad = [line for line in script.splitlines() if secret_assignment(line)]
+    if bad:  # the profile's checks make this unreachable; a script is never written with one
+        raise ConfigError("cluster", f"refusing to write a secret into the script: {bad[0]!r}")
+    return script
+
+
+def validate_job(job: JobConfig, profile: ClusterProfile) -> None:
+    """What `train` checks before starting anything, for nodes with the profile's devices."""
+    check_data_dir(job)
+    if job.train.device == "cuda" and not profile.gpus_per_node:
+        raise ConfigError("train.device", "cuda needs a profile with gpus_per_node >= 1")
+    if job.train.precision == "fp16" and (not profile.gpus_per_node or job.train.device == "cpu"):
+        raise ConfigError(
+            "train.precision", "fp16 needs GPUs (DeepSpeed's CPU accelerator refuses it); use bf16"
+        )
+
+
+def read_record(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / RECORD_NAME
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def sbatch(script: Path) -> str:
+    """Submit `script`; returns the job id."""
+    proc = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=120
+    )
+    if proc.returncode != 0:
+        lines = [x for x in proc.stderr.splitlines() if x.strip()] or [f"exit {proc.returncode}"]
+        raise SubmitError(f"sbatch refused the job: {lines[-1].strip()}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def submit(args: argparse.Namespace) -> int:
+    """`paperscale submit`: validate, write the run dir's script and config, sbatch it."""
+    job = load_config(args.config, args.overrides)
+    if args.run_dir:
+        job.run.dir = args.run_dir
+    profile = load_profile(
+        args.cluster,
+        {
+            "nodes": args.nodes,
+            "gpus_per_node": args.gpus_per_node,
+            "procs_per_node": args.nproc_per_node,
+            "time": args.time,
+            "partition": args.partition,
+            "account": args.account,
+            "qos": args.qos,
+            "constraint": args.constraint,
+        },
+    )
+    validate_job(job, profile)
+    run_dir = job.run_dir().resolve()
+    check_resume(job, run_dir)
+    for name, path in (("--run-dir", run_dir), ("the working directory", Path.cwd())):
+        if any(c.isspace() for c in str(path)):
+            raise ConfigError(name, f"{path} has whitespace, which #SBATCH lines cannot hold")
+    job.run.dir = str(run_dir)
+    job.data.dir = str(Path(job.data.dir).resolve())
+    script = batch_script(
+        job.run.name, run_dir, profile, Path.cwd().resolve(), profile.python or sys.executable
+    )
+    if args.dry_run:
+        sys.stdout.write(script)
+        return 0
+    if shutil.which("sbatch") is None:
+        raise SubmitError("sbatch not found: submit from a machine with Slurm's commands")
+    previous = read_record(run_dir)
+    if previous:
+        state = job_state(str(previous["job_id"]))
+        if state.get("state") in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING"):
+            raise SubmitError(
+                f"{run_dir} already has job {previous['job_id']} ({state['state']}); "
+                "scancel it or use another --run-dir"
+            )
+    (run_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(job))
+    script_path = run_dir / SCRIPT_NAME
+    script_path.write_text(script)
+    job_id = sbatch(script_path)
+    record = {
+        "job_id": job_id,
+        "cluster": profile.name,
+        "nodes": profile.nodes,
+        "procs_per_node": profile.ranks_per_node(),
+        "script": str(script_path),
+        "log": str(run_dir / LOG_DIR / f"slurm-{job_id}.out"),
+        "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (run_dir / RECORD_NAME).write_text(json.dumps(record, indent=1))
+    print(json.dumps({"job_id": job_id, "run_dir": str(run_dir), "log": record["log"]}))
+    return 0
+
+
+# ------------------------------------------------------------------------------ job state
+
+
+def _run(command: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """`scontrol show job -o` output: space-separated Key=Value pairs on one line."""
+    out: dict[str, str] = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+def job_state(job_id: str) -> dict[str, Any]:
+    """The scheduler's view of a job: state, restarts, exit code, reason, nodes.
+
+    Asks `scontrol` (jobs slurmctld still holds), then `sacct` (finished jobs, where accounting
+    runs); says "no scheduler" where neither command exists.
+    """
+    if not any(shutil.which(c) for c in ("scontrol", "squeue", "sacct")):
+        return {"job_id": job_id, "scheduler": None, "state": "no scheduler"}
+    shown = _run(["scontrol", "show", "job", "-o", job_id]) if shutil.which("scontrol") else None
+    if shown and "JobState=" in shown:
+        fields = parse_scontrol(shown.splitlines()[0])
+        return {
+            "job_id": job_id,
+            "scheduler": "slurm",
+            "state": fields.get("JobState"),
+            "reason": fields.get("Reason"),
+            "restarts": int(fields.get("Restarts", "0") or 0),
+            "exit_code": fields.get("ExitCode"),
+            "nodes": fields.get("NodeList"),
+            "run_time": fields.get("RunTime"),
+        }
+    if shutil.which("squeue"):
+        queued = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r|%N|%M"])
+        if queued and queued.strip():
+            state, reason, nodes, run_time = (queued.strip().split("|") + [""] * 4)[:4]
+            return {
+                "job_id": job_id,
+                "scheduler": "slurm",
+                "state": state,
+                "reason": reason,
+                "nodes": nodes,
+                "run_time": run_time,
+            }
+    if shutil.which("sacct"):
+        acct = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode,NodeList"])
+        if acct and acct.strip():
+            state, exit_code, nodes = (acct.strip().splitlines()[-1].split("|") + [""] * 3)[:3]
+            return {
+                "job_id": job_id,
+                "scheduler": "slurm",
+                "state": state.split()[0] if state else None,
+                "exit_code": exit_code,
+                "nodes": nodes,
+            }
+    return {"job_id": job_id, "scheduler": "slurm", "state": "unknown (no longer listed)"}

@@ -1,0 +1,188 @@
+"""The steps of a Slurm job written by `paperscale submit`, run inside the allocation.
+
+`check` (batch shell, first node): loads and validates the run's config like `train` does and
+exits 2 with one line in the job's log on a bad one, so that the job fails at once.
+
+`node` (one srun task per node): starts torchrun with a c10d rendezvous on the first node of
+the allocation, whose workers run `paperscale train`. SIGUSR1 and SIGTERM go on to the workers
+(torchrun itself would die on USR1), which finish their step, save and exit.
+
+`outcome` (batch shell, after the tasks ended): exits with the run's exit code as its
+summary.json tells it (torchrun's workers themselves exit 0): 75 when the ranks saved a
+checkpoint and stopped on a signal, whereupon the batch shell requeues the job; the code of a
+run that stopped on an error; 0 when it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESEND_EVERY_S = 2.0
+
+
+def slurm_context() -> dict[str, str]:
+    """The job's identity as Slurm sets it (empty strings outside a job)."""
+    return {
+        "job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "restart": os.environ.get("SLURM_RESTART_COUNT", "0"),
+        "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
+        "node_id": os.environ.get("SLURM_NODEID", "0"),
+    }
+
+
+def check(run_dir: Path) -> int:
+    from launch.config import ConfigError, check_data_dir, load_config
+    from launch.preflight import check_resume
+
+    ctx = slurm_context()
+    print(
+        f"paperscale: slurm job {ctx['job_id']} (restart {ctx['restart']}) on {ctx['nodes']}: "
+        f"run dir {run_dir}",
+        flush=True,
+    )
+    try:
+        job = load_config(run_dir / "config.yaml", [f"run.dir={run_dir}"])
+        check_data_dir(job)
+        check_resume(job, run_dir)
+        if job.train.precision == "fp16":
+            from launch.local import use_cuda
+
+            if not use_cuda(job.train.device):
+                raise ConfigError("train.precision", "fp16 needs a GPU; this node has none")
+    except ConfigError as exc:
+        print(f"paperscale: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+def torchrun_command(
+    python: str,
+    run_dir: Path,
+    nnodes: int,
+    nproc_per_node: int,
+    endpoint: str,
+    rdzv_id: str,
+    is_host: bool,
+) -> list[str]:
+    """torchrun for one node of a multi-node job. The first node hosts the rendezvous store
+    (`is_host` is given, not guessed from host names, which may differ from the node list's)."""
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc_per_node={nproc_per_node}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={endpoint}",
+        f"--rdzv_id={rdzv_id}",
+        f"--rdzv_conf=is_host={int(is_host)}",
+        "--max_restarts=0",
+        "-m",
+        "launch.cli",
+        "train",
+        "--config",
+        str(run_dir / "config.yaml"),
+        f"run.dir={run_dir}",
+    ]
+
+
+def record_stop_signals() -> list[int]:
+    """From now on SIGUSR1 and SIGTERM are only recorded (in the returned list), SIGINT is
+    ignored: done first thing in the node task, so that no signal kills it while it starts."""
+    received: list[int] = []
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: received.append(signum))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return received
+
+
+def _ignore_usr1() -> None:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def run_torchrun_resending(command: list[str], env: dict[str, str], received: list[int]) -> int:
+    """Run torchrun; each signal in `received` (see `record_stop_signals`) goes to the workers,
+    again every RESEND_EVERY_S seconds until torchrun exits.
+
+    Slurm delivers a step's signals to every process of the step, torchrun included, which
+    USR1 would kill: torchrun is started with USR1 ignored (kept across exec and inherited by
+    its workers). A worker ignores USR1 until it installs its own handler before the first step
+    (trainer/signals.py), so a signal that came during start-up is sent again; one more to a
+    worker that is already stopping changes nothing.
+    """
+    from launch.local import child_pids
+
+    proc = subprocess.Popen(command, env=env, preexec_fn=_ignore_usr1)
+    sent_at = 0.0
+    while proc.poll() is None:
+        if received and time.monotonic() - sent_at >= RESEND_EVERY_S:
+            sent_at = time.monotonic()
+            for pid in child_pids(proc.pid):
+                for sig in sorted(set(received)):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
+        time.sleep(0.1)
+    return proc.returncode
+
+
+def node(run_dir: Path, nnodes: int, nproc_per_node: int, received: list[int]) -> int:
+    from launch.config import load_config
+    from launch.local import child_env, use_cuda
+
+    ctx = slurm_context()
+    job = load_config(run_dir / "config.yaml", [f"run.dir={run_dir}"])
+    endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    command = torchrun_command(
+        sys.executable,
+        run_dir,
+        nnodes,
+        nproc_per_node,
+        endpoint,
+        rdzv_id=f"{ctx['job_id']}-{ctx['restart']}",
+        is_host=ctx["node_id"] == "0",
+    )
+    print(
+        f"paperscale: node {socket.gethostname()} (node {ctx['node_id']} of {nnodes}): "
+        f"torchrun with {nproc_per_node} ranks, rendezvous at {endpoint}",
+        flush=True,
+    )
+    return run_torchrun_resending(command, child_env(use_cuda(job.train.device)), received)
+
+
+def outcome(run_dir: Path) -> int:
+    from launch.cli import preempted_exit_code
+
+    return preempted_exit_code(run_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    received = record_stop_signals() if "node" in (argv or sys.argv)[:2] else []
+    p = argparse.ArgumentParser(prog="python -m launch.slurm_job")
+    sub = p.add_subparsers(dest="step", required=True)
+    c = sub.add_parser("check", help="validate the run's config (batch shell)")
+    c.add_argument("--run-dir", required=True)
+    n = sub.add_parser("node", help="torchrun on this node (one srun task per node)")
+    n.add_argument("--run-dir", required=True)
+    n.add_argument("--nnodes", type=int, required=True)
+    n.add_argument("--nproc-per-node", type=int, required=True)
+    s = sub.add_parser("outcome", help="exit with the code summary.json gives (75: requeue)")
+    s.add_argument("--run-dir", required=True)
+    args = p.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    if args.step == "check":
+        return check(run_dir)
+    if args.step == "outcome":
+        return outcome(run_dir)
+    return node(run_dir, args.nnodes, args.nproc_per_node, received)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""`paperscale submit` on a real local Slurm: a job trains to completion; a preempted job saves,
+requeues itself, resumes and ends with the same per-step losses and one wandb run id; a bad
+config fails the job at once, without a requeue loop.
+
+2 CPU ranks on one node, the tiny model, 36 steps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import TINY_MODEL, cli_env
+from tests.integration.slurm.cluster import LocalSlurm
+from tests.integration.slurm.conftest import finished, job_fields, submit, submitted_job, wait_for
+
+ROOT = Path(__file__).resolve().parents[3]
+pytestmark = [pytest.mark.slow]
+
+STEPS = 36
+JOB_ARGS = [
+    *TINY_MODEL,
+    f"train.max_steps={STEPS}",
+    "train.log_every=1",
+    "train.eval_every=0",
+    "train.save_every=12",
+    "train.bleu_samples=8",
+    "logging.tensorboard=false",
+]
+
+
+def submit_tiny(
+    cluster: LocalSlurm, data: Path, run_dir: Path, extra_env: dict[str, str] | None = None
+) -> str:
+    proc = submit(
+        cluster,
+        "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", "local",
+        "--run-dir", str(run_dir), f"data.dir={data}", *JOB_ARGS,
+        cwd=run_dir.parent, extra_env=extra_env,
+    )  # fmt: skip
+    return submitted_job(proc)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in metrics(run_dir) if r.get("loss") is not None}
+
+
+def wandb_ids(run_dir: Path) -> list[str]:
+    """One entry per wandb run directory (one per start of the job): the run id of each."""
+    return [p.name.rsplit("-", 1)[1] for p in sorted(run_dir.glob("wandb/offline-run-*"))]
+
+
+@pytest.fixture(scope="module")
+def straight_run(
+    slurm: LocalSlurm, synthetic_data: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str, dict[str, str]]:
+    """An uninterrupted job; its losses are the reference of the preemption test."""
+    run_dir = tmp_path_factory.mktemp("slurm-straight") / "run"
+    job_id = submit_tiny(slurm, synthetic_data, run_dir)
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    fields = wait_for(slurm, job_id, finished, 420, "finished", log)
+    return run_dir, job_id, fields
+
+
+@pytest.mark.timeout(600)
+def test_submitted_job_trains_to_completion(
+    slurm: LocalSlurm, straight_run: tuple[Path, str, dict[str, str]]
+) -> None:
+    run_dir, job_id, fields = straight_run
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    assert fields["JobState"] == "COMPLETED", (fields, log.read_text()[-3000:])
+    assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "0"
+    assert (run_dir / "job.sbatch").read_text().startswith("#!/bin/bash")
+    assert (run_dir / "config.yaml").is_file()
+    text = log.read_text()
+    assert f"slurm job {job_id} (restart 0)" in text and "summary: " in text
+    assert [r["step"] for r in metrics(run_dir) if "loss" in r] == list(range(1, STEPS + 1))
+    assert (run_dir / "checkpoints/latest").read_text().strip() == f"step_{STEPS:08d}"
+    assert (run_dir / "model/model.safetensors").is_file()
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == STEPS
+
+    status = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "status", str(run_dir)],
+        env={**cli_env(), "SLURM_CONF": str(slurm.conf)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    assert re.search(rf"slurm job +{job_id} COMPLETED \(restarts 0", status.stdout), status.stdout
+    assert re.search(rf"last step +{STEPS}\n", status.stdout), status.stdout
+    assert re.search(rf"last checkpoint +step_{STEPS:08d}", status.stdout), status.stdout
+
+
+@pytest.mark.timeout(900)
+def test_preempted_job_requeues_and_matches_the_straight_run(
+    slurm: LocalSlurm,
+    synthetic_data: Path,
+    tmp_path: Path,
+    straight_run: tuple[Path, str, dict[str, str]],
+) -> None:
+    run_dir = tmp_path / "run"
+    job_id = submit_tiny(slurm, synthetic_data, run_dir)
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    deadline = time.monotonic() + 420
+    while len(losses(run_dir)) < 6:
+        assert not finished(job_fields(slurm, job_id)), log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    # What Slurm does before the time limit with --signal=B:USR1@N: USR1 to the batch shell.
+    subprocess.run(
+        ["scancel", "--signal=USR1", "--batch", job_id], env=slurm.env(), check=True, timeout=60
+    )
+    # A requeued job waits for its BeginTime (Slurm holds it ~2 minutes, so that the first run
+    # has left the node); a few seconds after the requeue, start it now (a start within the
+    # second of the requeue fails: "Job credential revoked").
+    wait_for(
+        slurm,
+        job_id,
+        lambda f: (f.get("Restarts") == "1" and f.get("JobState") == "PENDING") or finished(f),
+        300,
+        "requeued",
+        log,
+    )
+    slurm.wait_idle(120)
+    time.sleep(3)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=slurm.env(), timeout=60
+    )
+    fields = wait_for(slurm, job_id, finished, 420, "finished", log)
+    text = log.read_text()
+    assert fields["JobState"] == "COMPLETED", f"{fields}\n{text[-2000:]}\n{slurm.logs(6000)}"
+    assert fields["Restarts"] == "1"
+    stopped = int(re.search(r"stopped at step (\d+) after a signal", text)[1])  # type: ignore[index]
+    assert 6 <= stopped < STEPS
+    assert "SIGUSR1 received" in text and f"requeueing job {job_id}" in text
+    assert f"slurm job {job_id} (restart 1)" in text
+    assert f"at step {stopped}" in text  # resumed from the checkpoint the signal saved
+
+    straight, resumed = losses(straight_run[0]), losses(run_dir)
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    assert [resumed[s] for s in sorted(resumed)] == [straight[s] for s in sorted(straight)]
+    ids = wandb_ids(run_dir)
+    assert len(ids) == 2 and len(set(ids)) == 1, ids  # two starts, one wandb run
+
+
+@pytest.mark.timeout(300)
+def test_bad_config_fails_at_once_without_requeue(
+    slurm: LocalSlurm, synthetic_data: Path, tmp_path: Path
+) -> None:
+    # submit validates first: exit 2, one line, nothing written, nothing queued
+    before = slurm.query(["squeue", "-h", "-o", "%i"])
+    proc = submit(
+        slurm,
+        "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", "local",
+        "--run-dir", str(tmp_path / "rejected"), f"data.dir={synthetic_data}", "optim.lr=-1",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "optim.lr" in proc.stderr
+    assert not (tmp_path / "rejected").exists()
+    assert slurm.query(["squeue", "-h", "-o", "%i"]) == before
+
+    # a config that goes bad after submission fails inside the job, at once
+    run_dir = tmp_path / "run"
+    job_id = submit_tiny(slurm, synthetic_data, run_dir, extra_env={"SBATCH_HOLD": "1"})
+    config = run_dir / "config.yaml"
+    config.write_text(re.sub(r"(?m)^  lr: .*$", "  lr: -1.0", config.read_text()))
+    subprocess.run(["scontrol", "release", job_id], env=slurm.env(), check=True, timeout=60)
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    fields = wait_for(slurm, job_id, finished, 240, "finished", log)
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "2:0", fields
+    text = log.read_text()
+    assert "paperscale: error: optim.lr: must be > 0" in text, text
+    assert "step 1 " not in text and "srun" not in text
+    time.sleep(3)
+    fields = job_fields(slurm, job_id)
+    assert fields["JobState"] == "FAILED" and fields["Restarts"] == "0", fields
+
+
+@pytest.mark.timeout(300)
+def test_time_limit_warning_saves_and_requeues(
+    slurm: LocalSlurm, synthetic_data: Path, tmp_path: Path
+) -> None:
+    """The real `--signal=B:USR1@40` of a job with a 1-minute limit: Slurm itself sends USR1."""
+    profile = tmp_path / "short.yaml"
+    profile.write_text(
+        "name: short\nprocs_per_node: 2\ncpus_per_task: 2\ntime: '1'\nsignal_seconds: 40\n"
+        "env:\n  OMP_NUM_THREADS: '1'\n  DS_ACCELERATOR: cpu\n"
+    )
+    run_dir = tmp_path / "run"
+    proc = submit(
+        slurm,
+        "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", str(profile),
+        "--run-dir", str(run_dir), f"data.dir={synthetic_data}", *TINY_MODEL,
+        "train.max_steps=1000000", "train.log_every=50", "train.eval_every=0",
+        "logging.wandb=disabled", "logging.tensorboard=false",
+        cwd=tmp_path,
+    )  # fmt: skip
+    job_id = submitted_job(proc)
+    assert "#SBATCH --signal=B:USR1@40\n" in (run_dir / "job.sbatch").read_text()
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    try:
+        wait_for(
+            slurm, job_id, lambda f: f.get("Restarts") == "1" or finished(f), 200, "requeued", log
+        )
+    finally:
+        subprocess.run(["scancel", job_id], env=slurm.env(), timeout=60)
+    text = log.read_text()
+    stopped = int(re.search(r"stopped at step (\d+) after a signal", text)[1])  # type: ignore[index]
+    assert "SIGUSR1 received" in text and f"requeueing job {job_id}" in text
+    assert (run_dir / "checkpoints/latest").read_text().strip() == f"step_{stopped:08d}"
+    assert "TIMEOUT" not in text
+
+
+@pytest.mark.timeout(300)
+def test_scancel_saves_a_checkpoint_and_does_not_requeue(
+    slurm: LocalSlurm, synthetic_data: Path, tmp_path: Path
+) -> None:
+    """scancel sends TERM to every process of the job (loader workers included): the ranks
+    finish their step and save before Slurm's KillWait runs out; the job is not requeued."""
+    run_dir = tmp_path / "run"
+    proc = submit(
+        slurm,
+        "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", "local",
+        "--run-dir", str(run_dir), f"data.dir={synthetic_data}", *TINY_MODEL,
+        "train.max_steps=1000000", "train.log_every=1", "train.eval_every=0",
+        "logging.wandb=disabled", "logging.tensorboard=false",
+        cwd=tmp_path,
+    )  # fmt: skip
+    job_id = submitted_job(proc)
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    deadline = time.monotonic() + 240
+    while len(losses(run_dir)) < 4:
+        assert not finished(job_fields(slurm, job_id)), log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    subprocess.run(["scancel", job_id], env=slurm.env(), check=True, timeout=60)
+    fields = wait_for(slurm, job_id, finished, 120, "cancelled", log)
+    assert fields["JobState"] == "CANCELLED" and fields["Restarts"] == "0", fields
+    text = log.read_text()
+    match = re.search(r"stopped at step (\d+) after a signal", text)
+    assert match and "SIGTERM received" in text, text[-3000:]
+    assert (run_dir / "checkpoints/latest").read_text().strip() == f"step_{int(match[1]):08d}"
+    assert "requeueing" not in text
