@@ -36,6 +36,9 @@ def child_env(use_cuda: bool) -> dict[str, str]:
     if not use_cuda:
         env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("OMP_NUM_THREADS", "1")
+    # After a restart (--max-restarts) workers sharing the rendezvous store can read the
+    # previous attempt's addresses and fail to connect; a store of their own avoids that.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
 

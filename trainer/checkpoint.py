@@ -11,18 +11,22 @@ point leaves the previous checkpoint as the one resumed from.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from trainer.faults import Faults
 
 LATEST = "latest"
 META = "meta.json"
@@ -103,6 +107,95 @@ def rank_state_path(ckpt_dir: Path, tag: str, rank: int) -> Path:
     return ckpt_dir / tag / f"rank_{rank:05d}.pt"
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; `str()` is one line. Every rank raises it together."""
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def write_error(path: Path, exc: BaseException) -> str:
+    """One line for a failed write; a full file system is named as such (torch.save reports
+    it as an internal assertion of its zip writer)."""
+    try:
+        free = shutil.disk_usage(path.parent if path.parent.exists() else path).free
+    except OSError:
+        free = -1
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or 0 <= free < 2**20:
+        return f"{path}: No space left on device ({free / 2**20:.2f} MiB free)"
+    return f"{path}: {_one_line(exc)}"
+
+
+def checkpoint_bytes(tag_dir: Path) -> int:
+    return sum(p.stat().st_size for p in tag_dir.iterdir() if p.is_file())
+
+
+def estimate_bytes(ckpt_dir: Path, n_params: int, precision: str) -> int:
+    """Size of the next checkpoint: the last complete one's, else from the model's size.
+
+    Per parameter: the weights in the training precision, fp32 master weights (bf16/fp16) and
+    Adam's two fp32 moments; 10% and 64 KiB on top for the rest.
+    """
+    tags = complete_tags(ckpt_dir)
+    if tags:
+        return checkpoint_bytes(ckpt_dir / tags[-1])
+    per_param = {"fp32": 4 + 8, "bf16": 2 + 4 + 8, "fp16": 2 + 4 + 8}[precision]
+    return int(n_params * per_param * 1.1) + 2**16
+
+
+def _agree(failed: bool, message: str, device: Any) -> list[str]:
+    """Every rank's message where any rank failed (all ranks call this; one collective on
+    success, two on failure)."""
+    flag = torch.tensor([float(failed)], device=device)
+    dist.all_reduce(flag)
+    if flag.item() == 0:
+        return []
+    messages: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, message if failed else "")
+    return [m for m in messages if m]
+
+
+class _RecordedWrites:
+    """DeepSpeed's checkpoint engine, made to fsync each file it writes and to record (not
+    raise) a failed write, so that every rank still reaches DeepSpeed's own barriers and the
+    ranks can agree on the failure afterwards."""
+
+    def __init__(self, engine: Any, on_file: Callable[[], None]) -> None:
+        self.ckpt_engine = engine.checkpoint_engine
+        self.original = self.ckpt_engine.save
+        self.on_file = on_file
+        self.error: str | None = None
+
+    def __enter__(self) -> _RecordedWrites:
+        def save(state_dict: Any, path: str) -> None:
+            if self.error is not None:
+                return
+            try:
+                self.original(state_dict, path)
+                fsync_path(Path(path))
+            except Exception as exc:  # ENOSPC surfaces as OSError or torch's RuntimeError
+                self.error = write_error(Path(path), exc)
+                Path(path).unlink(missing_ok=True)
+                return
+            self.on_file()
+
+        self.ckpt_engine.save = save
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ckpt_engine.save = self.original
+
+
 def save(
     engine: Any,
     ckpt_dir: Path,
@@ -112,28 +205,85 @@ def save(
     rank: int,
     keep_last: int,
     meta: dict[str, Any],
+    *,
+    n_params: int = 0,
+    precision: str = "fp32",
+    check_space: bool = True,
+    faults: Faults | None = None,
 ) -> str:
     """Save on every rank; then rank 0 marks it complete, points `latest` at it and prunes.
 
     `meta` (model shape and resolved config, JSON) goes to `meta.json`, readable without
-    DeepSpeed or unpickling.
+    DeepSpeed or unpickling. Before writing, every rank checks that its file system has room
+    for a checkpoint as large as the last one; every file is fsynced before the `complete`
+    marker. A save that cannot start or finish on any rank raises CheckpointError on all of
+    them, removes its partial directory and leaves `latest` as it was.
     """
+    faults = faults or Faults()
     tag = tag_for(step)
+    tag_dir = ckpt_dir / tag
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
-    path = rank_state_path(ckpt_dir, tag, rank)
-    tmp = path.with_suffix(".tmp")
-    torch.save(rank_state, tmp)
-    os.replace(tmp, path)
-    dist.barrier()
-    if rank == 0:
-        write_atomic(ckpt_dir / tag / META, json.dumps(meta, indent=1))
-        write_atomic(ckpt_dir / tag / "complete", f"{step}\n")
-        write_atomic(ckpt_dir / LATEST, tag + "\n")
-        for old in complete_tags(ckpt_dir)[:-keep_last]:
-            shutil.rmtree(ckpt_dir / old, ignore_errors=True)
-    dist.barrier()
+    device = engine.device
+    message = ""
+    if check_space and not faults.skip_space_check:
+        need = estimate_bytes(ckpt_dir, n_params, precision)
+        free = shutil.disk_usage(ckpt_dir).free
+        if free < need:
+            message = (
+                f"not saving checkpoint {tag}: it needs about {need / 2**20:.1f} MiB but "
+                f"{ckpt_dir} has {free / 2**20:.1f} MiB free"
+            )
+    problems = _agree(bool(message), message, device)
+    if problems:
+        raise CheckpointError(f"{problems[0]}; the last complete checkpoint is {_last(ckpt_dir)}")
+
+    faults.save_started(step)
+    if rank == 0:  # a marker left by an interrupted save of the same tag
+        (tag_dir / "complete").unlink(missing_ok=True)
+    with _RecordedWrites(engine, lambda: faults.file_written(step)) as writes:
+        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
+    error = writes.error
+    if error is None:
+        path = rank_state_path(ckpt_dir, tag, rank)
+        tmp = path.with_suffix(".tmp")
+        try:
+            torch.save(rank_state, tmp)
+            fsync_path(tmp)
+            os.replace(tmp, path)
+            fsync_path(tag_dir)
+            faults.file_written(step)
+        except Exception as exc:
+            error = write_error(tmp, exc)
+            tmp.unlink(missing_ok=True)
+    problems = _agree(error is not None, error or "", device)
+    if not problems and rank == 0:
+        try:
+            write_atomic(tag_dir / META, json.dumps(meta, indent=1))
+            faults.file_written(step)
+            write_atomic(tag_dir / "complete", f"{step}\n")
+            faults.file_written(step)
+            write_atomic(ckpt_dir / LATEST, tag + "\n")
+            faults.file_written(step)
+        except Exception as exc:
+            error = write_error(ckpt_dir / tag, exc)
+        if error is None:
+            for old in complete_tags(ckpt_dir)[:-keep_last]:
+                shutil.rmtree(ckpt_dir / old, ignore_errors=True)
+    if not problems:
+        problems = _agree(error is not None, error or "", device)
+    if problems:
+        if rank == 0 and latest_tag(ckpt_dir) != tag:
+            shutil.rmtree(tag_dir, ignore_errors=True)
+        dist.barrier()
+        raise CheckpointError(
+            f"checkpoint {tag} not saved: {problems[0]}; the last complete checkpoint is "
+            f"{_last(ckpt_dir)}"
+        )
     return tag
+
+
+def _last(ckpt_dir: Path) -> str:
+    return latest_tag(ckpt_dir) or "none"
 
 
 def load(
@@ -195,7 +345,7 @@ def ensure_universal(ckpt_dir: Path, tag: str) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
         cmd = [
-            sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+            sys.executable, "-m", "trainer.safe_load", "deepspeed.checkpoint.ds_to_universal",
             "--input_folder", str(ckpt_dir / tag), "--output_folder", str(tmp),
             "--num_extract_workers", "1", "--num_merge_workers", "1",
         ]  # fmt: skip

@@ -9,6 +9,7 @@ same step.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -16,6 +17,37 @@ from types import FrameType
 
 # Exit code after a requested stop that saved a checkpoint (EX_TEMPFAIL: "try again later").
 EXIT_PREEMPTED = 75
+# train.max_nonfinite consecutive steps with a NaN/inf loss: stopped without saving (EX_DATAERR).
+EXIT_NONFINITE = 65
+# A checkpoint could not be written (no space, I/O error): stopped, the last one kept (EX_IOERR).
+EXIT_SAVE_FAILED = 74
+
+
+class Watchdog:
+    """Ends this process when one phase of the loop -- a train step, an evaluation, a save --
+    runs past `timeout_s`: SIGALRM from a timer, which prints every thread's traceback on
+    stderr and then kills the process (exit status 128 + SIGALRM).
+
+    Collectives time out by themselves (the process group's timeout); this catches a rank that
+    is stuck outside them, so that no rank of a broken job waits forever. A timer rather than a
+    thread: nothing runs beside the loop (forked data-loader workers inherit no timer).
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._registered = False
+
+    def arm(self) -> None:
+        if not self._registered:
+            faulthandler.register(signal.SIGALRM, all_threads=True, chain=True)
+            self._registered = True
+        signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
+
+    def disarm(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        if self._registered:
+            faulthandler.unregister(signal.SIGALRM)
+            self._registered = False
 
 
 class StopRequest:

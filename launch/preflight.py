@@ -1,0 +1,96 @@
+"""Checks of a run dir's checkpoint before a resumed run starts any process.
+
+A resumed run must train the same model in the same precision, from files that are
+checkpoints and that load without running code. Each problem is one ConfigError naming the key
+or the file, raised before anything is written into the run dir.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from launch.config import ConfigError, JobConfig
+from model.config import ModelConfig
+
+# Settings a checkpoint cannot be resumed under another value of (DeepSpeed's files differ).
+FIXED_TRAIN_KEYS = ("precision",)
+
+
+def resume_tag(ckpt_dir: Path) -> str | None:
+    """The tag `latest` names; an error when it names nothing usable."""
+    latest = ckpt_dir / "latest"
+    if not latest.exists():
+        return None
+    try:
+        tag = latest.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("checkpoint", f"{latest} is not readable: {exc}") from None
+    if not tag or "/" in tag or not (ckpt_dir / tag).is_dir():
+        raise ConfigError("checkpoint", f"{latest} names {tag!r}, which is not a checkpoint dir")
+    if not (ckpt_dir / tag / "complete").is_file():
+        raise ConfigError("checkpoint", f"{ckpt_dir / tag} has no 'complete' marker")
+    return tag
+
+
+def saved_meta(tag_dir: Path) -> dict[str, Any]:
+    path = tag_dir / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            "checkpoint", f"{path} is missing or not JSON, so {tag_dir} is not a paperscale "
+            f"checkpoint ({str(exc).splitlines()[0]})"
+        ) from None  # fmt: skip
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        raise ConfigError("checkpoint", f"{path} does not describe a model")
+    return meta
+
+
+def check_same_run(job: JobConfig, meta: dict[str, Any], tag: str) -> None:
+    """The config must describe the checkpoint's model and precision."""
+    saved_model = meta["model"]
+    for f in fields(ModelConfig):
+        want = getattr(job.model, f.name)
+        if want is None or f.name not in saved_model:
+            continue  # e.g. vocab_size null: taken from the tokenizer
+        if saved_model[f.name] != want:
+            raise ConfigError(
+                f"model.{f.name}",
+                f"the run dir's checkpoint {tag} has {saved_model[f.name]!r}, the config "
+                f"{want!r}: a resumed run trains the same model (use a new --run-dir)",
+            )
+    saved_train = (meta.get("config") or {}).get("train") or {}
+    for key in FIXED_TRAIN_KEYS:
+        want = getattr(job.train, key)
+        if key in saved_train and saved_train[key] != want:
+            raise ConfigError(
+                f"train.{key}",
+                f"the run dir's checkpoint {tag} was saved with {saved_train[key]!r}; resuming "
+                f"with {want!r} is not supported (use a new --run-dir)",
+            )
+
+
+def check_files_load(tag_dir: Path) -> None:
+    """Every .pt file must read as a weights-only torch file (nothing unpickled runs code)."""
+    from trainer.safe_load import check_loadable
+
+    files = sorted(tag_dir.glob("*.pt"))
+    if not files:
+        raise ConfigError("checkpoint", f"{tag_dir} holds no checkpoint files")
+    for path in files:
+        problem = check_loadable(path)
+        if problem:
+            raise ConfigError("checkpoint", problem)
+
+
+def check_resume(job: JobConfig, run_dir: Path) -> None:
+    """Raise ConfigError when `run_dir` holds a checkpoint this job cannot resume from."""
+    ckpt_dir = run_dir / "checkpoints"
+    tag = resume_tag(ckpt_dir)
+    if tag is None:
+        return
+    check_same_run(job, saved_meta(ckpt_dir / tag), tag)
+    check_files_load(ckpt_dir / tag)
