@@ -11,6 +11,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from launch.config import ConfigError
 
@@ -127,6 +128,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     run_dir = job.run_dir().resolve()
     job.run.dir = str(run_dir)
+    if not inside_torchrun():
+        from launch.preflight import check_resume
+
+        check_resume(job, run_dir)
     is_main = os.environ.get("RANK", "0") == "0"
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,20 +153,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         print("summary: " + json.dumps(summary), flush=True)
     # Under torchrun a worker's non-zero exit makes torchrun kill the other workers, maybe
     # before they finished saving: workers exit 0 and the launcher reads summary.json.
+    if summary.get("exit_code") and not inside_torchrun():
+        return int(summary["exit_code"])
     if summary.get("preempted") and not inside_torchrun():
         return EXIT_PREEMPTED
     return 0
 
 
 def preempted_exit_code(run_dir: Path) -> int:
-    """EXIT_PREEMPTED when the workers stopped on a signal after saving (summary.json says
-    so), else 0: scripts and schedulers can tell a finished run from a stopped one."""
+    """EXIT_PREEMPTED when the workers stopped on a signal after saving, the code of a run
+    that stopped on an error (non-finite loss, a checkpoint that could not be written), else
+    0, as summary.json says: scripts and schedulers can tell these apart."""
     from trainer.signals import EXIT_PREEMPTED
 
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return 0
+    if summary.get("exit_code"):
+        return int(summary["exit_code"])
     return EXIT_PREEMPTED if summary.get("preempted") else 0
 
 
@@ -174,6 +184,19 @@ def resolve_export(path: Path) -> Path:
         if (candidate / "model.safetensors").is_file() and (candidate / "model.json").is_file():
             return candidate
     raise UsageError(f"{path} is neither an export dir nor a run dir with model/model.safetensors")
+
+
+def load_translator(translator_cls: Any, export: Path) -> Any:
+    """The export's model and tokenizer; a broken export is a UsageError, not a traceback."""
+    from trainer.export import ExportError
+
+    try:
+        return translator_cls.load(export)
+    except ExportError as exc:
+        raise UsageError(str(exc)) from None
+    except (OSError, RuntimeError) as exc:  # e.g. a missing or damaged spm.model
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"{export} cannot be loaded: {first}") from None
 
 
 def _check_decode_args(args: argparse.Namespace) -> None:
@@ -194,7 +217,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise UsageError(f"--input {args.input} does not exist")
     source = Path(args.input).read_text() if args.input else sys.stdin.read()
     lines = source.splitlines()
-    translator = Translator.load(export)
+    translator = load_translator(Translator, export)
     results = translator.translate(
         lines, beam=args.beam, lenpen=args.lenpen, nbest=args.nbest, max_tokens=args.max_tokens
     )
@@ -225,7 +248,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     sources, refs = read_split_text(data_dir, args.split)
     if args.limit:
         sources, refs = sources[: args.limit], refs[: args.limit]
-    translator = Translator.load(export)
+    translator = load_translator(Translator, export)
     hyps = [
         nbest[0][0]
         for nbest in translator.translate(
@@ -276,6 +299,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------- submit
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from launch.slurm import SubmitError, submit
+
+    try:
+        return submit(args)
+    except SubmitError as exc:
+        return _die(str(exc))
+
+
 # ---------------------------------------------------------------------------------- status
 
 
@@ -310,18 +345,46 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from launch.config import load_config
+    from launch.plan import Machine, format_plan, make_plan
     from model.config import ModelConfig
-    from model.params import count_parameters
 
+    for name, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
+        if value < 1:
+            raise UsageError(f"{name} must be >= 1, got {value}")
+    for name, value in (
+        ("--gpu-mem", args.gpu_mem),
+        ("--target-tokens", args.target_tokens),
+        ("--peak-tflops", args.peak_tflops),
+        ("--seq-len", args.seq_len),
+    ):
+        if not value > 0:
+            raise UsageError(f"{name} must be > 0, got {value}")
+    if not 0 < args.mfu <= 1:
+        raise UsageError(f"--mfu must be in (0, 1], got {args.mfu}")
+    if not 0 <= args.headroom < 1:
+        raise UsageError(f"--headroom must be in [0, 1), got {args.headroom}")
     job = load_config(args.config, args.overrides)
     vocab = job.model.vocab_size or job.data.vocab_size
-    params = count_parameters(ModelConfig(**{**job.model.__dict__, "vocab_size": vocab}))
-    plan = {"vocab_size": vocab, "params": params}
-    if args.json:
-        print(json.dumps(plan, indent=1))
-    else:
-        for key, value in params.items():
-            print(f"params.{key:<11} {value:>14,}")
+    cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+    machine = Machine(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        gpu_mem_gib=args.gpu_mem,
+        headroom=args.headroom,
+        mfu=args.mfu,
+        peak_flops=args.peak_tflops * 1e12,
+    )
+    plan = make_plan(
+        cfg,
+        machine,
+        target_tokens=args.target_tokens,
+        max_steps=job.train.max_steps,
+        precision=job.train.precision,
+        checkpointing=job.train.activation_checkpointing,
+        seq_len=args.seq_len,
+    )
+    plan = {"vocab_size": vocab, **plan}
+    print(json.dumps(plan, indent=1) if args.json else format_plan(plan))
     return 0
 
 
@@ -445,6 +508,29 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--out", help="output dir (default RUN/averageK)")
     average.set_defaults(func=cmd_export)
 
+    submit = sub.add_parser(
+        "submit",
+        help="train on a Slurm cluster: write RUN/job.sbatch and the config, sbatch it",
+        description="Validates the config like `train`, writes RUN/config.yaml and the sbatch "
+        "script RUN/job.sbatch (one srun task per node, each a torchrun with a c10d rendezvous "
+        "on the first node), submits it and prints the job id. Before the time limit the job "
+        "saves a checkpoint and requeues itself; the requeued job resumes in the same run dir.",
+    )
+    submit.add_argument("--config", required=True, help="YAML preset, e.g. configs/base.yaml")
+    submit.add_argument(
+        "--cluster", help="profile name in configs/clusters/ (e.g. local) or a YAML path"
+    )
+    submit.add_argument("--nodes", type=int, help="nodes (default: the profile's)")
+    submit.add_argument("--gpus-per-node", type=int, help="GPUs per node (0: CPU ranks)")
+    submit.add_argument("--nproc-per-node", type=int, help="ranks per node (default: GPUs or 1)")
+    submit.add_argument("--time", help="time limit, e.g. 2-00:00:00")
+    for option in ("--partition", "--account", "--qos", "--constraint"):
+        submit.add_argument(option)
+    submit.add_argument("--run-dir", help="run directory (default runs/<run.name>)")
+    submit.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    submit.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. optim.lr=5e-4")
+    submit.set_defaults(func=cmd_submit)
+
     status = sub.add_parser(
         "status", help="last step, checkpoint, tokens/s, losses and BLEU of a run"
     )
@@ -457,8 +543,35 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", help="PNG path (default RUN/report.png)")
     report.set_defaults(func=cmd_report)
 
-    plan = sub.add_parser("plan", help="parameter count of a config (the planner grows later)")
+    plan = sub.add_parser(
+        "plan",
+        help="memory per rank per ZeRO stage, micro-batch x accumulation, time per step",
+        description="Before any GPU is spent: per-rank memory of parameters, gradients, "
+        "optimizer states and DeepSpeed buffers for ZeRO 0-3, activations, the largest "
+        "micro-batch that fits, the accumulation reaching --target-tokens (per side) per "
+        "step, FLOPs and time at an assumed MFU, and the recommended stage.",
+    )
     plan.add_argument("--config", required=True)
+    plan.add_argument("--nodes", type=int, default=1)
+    plan.add_argument("--gpus-per-node", type=int, default=8)
+    plan.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per rank (default 80)")
+    plan.add_argument(
+        "--target-tokens", type=int, default=25000, help="tokens per side per step (25000)"
+    )
+    plan.add_argument("--mfu", type=float, default=0.4, help="assumed MFU (default 0.4)")
+    plan.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=790.0,
+        help="peak dense TFLOP/s per rank (default 790: H200 bf16 as measured; on a CPU pass "
+        "the matmul rate trainer.flops.measured_cpu_peak_flops reports)",
+    )
+    plan.add_argument(
+        "--headroom", type=float, default=0.1, help="fraction of --gpu-mem left free (0.1)"
+    )
+    plan.add_argument(
+        "--seq-len", type=int, default=32, help="mean padded sentence length for FLOPs (32)"
+    )
     plan.add_argument("--json", action="store_true")
     plan.add_argument("overrides", nargs="*", metavar="key=value")
     plan.set_defaults(func=cmd_plan)

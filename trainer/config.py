@@ -52,6 +52,9 @@ class OptimConfig:
         return out
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclass
 class TrainConfig:
     """The loop: how long, how often to evaluate, log and save, and the DeepSpeed engine's mode."""
@@ -72,6 +75,12 @@ class TrainConfig:
     keep_last: int = 5
     device: str = "auto"  # auto | cpu | cuda
     activation_checkpointing: bool = False  # recompute each layer in backward to save memory
+    # seconds a collective may wait for the other ranks, and a train step, evaluation or save
+    # may take on one rank, before the process exits non-zero (a dead or hung rank)
+    dist_timeout_s: float = 600.0
+    max_nonfinite: int = 5  # consecutive steps with a NaN/inf loss that stop the run (exit 65)
+    compile: bool = False  # torch.compile the model's forward (through DeepSpeed's engine.compile)
+    compile_mode: str = "default"  # one of COMPILE_MODES (torch.compile's `mode`)
 
     def problems(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -83,12 +92,19 @@ class TrainConfig:
         for key in ("eval_every", "eval_max_batches", "bleu_every", "save_every", "seed"):
             if not _non_negative_int(getattr(self, key)):
                 out.append((key, f"must be a non-negative integer, got {getattr(self, key)!r}"))
+        if not isinstance(self.dist_timeout_s, (int, float)) or not self.dist_timeout_s > 0:
+            out.append(("dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s!r}"))
+        if not _positive_int(self.max_nonfinite):
+            out.append(("max_nonfinite", f"must be a positive integer, got {self.max_nonfinite!r}"))
         if not isinstance(self.save_every_minutes, (int, float)) or self.save_every_minutes < 0:
             out.append(("save_every_minutes", f"must be >= 0, got {self.save_every_minutes!r}"))
         if self.zero_stage not in (0, 1, 2, 3):
             out.append(("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage!r}"))
         if self.precision not in ("bf16", "fp16", "fp32"):
             out.append(("precision", f"must be bf16, fp16 or fp32, got {self.precision!r}"))
+        if self.compile_mode not in COMPILE_MODES:
+            modes = ", ".join(COMPILE_MODES)
+            out.append(("compile_mode", f"must be one of {modes}, got {self.compile_mode!r}"))
         if self.device not in ("auto", "cpu", "cuda"):
             out.append(("device", f"must be auto, cpu or cuda, got {self.device!r}"))
         return out

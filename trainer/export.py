@@ -8,6 +8,7 @@ nothing that is unpickled when read.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import shutil
 import sys
@@ -29,10 +30,57 @@ def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
     """fp32 master weights merged from every rank's optimizer partition."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+    from trainer.safe_load import forbid_code_in_checkpoints
+
+    forbid_code_in_checkpoints()
+    model_states = tag_dir / "mp_rank_00_model_states.pt"
+    if model_states.is_file():  # ZeRO stage 0: one unpartitioned file
+        return stage0_state_dict(torch.load(model_states, map_location="cpu", weights_only=True))
     # DeepSpeed reports its progress on stdout; keep stdout for the caller's own output.
     with contextlib.redirect_stdout(sys.stderr):
         state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
     return {k: v.detach().float().contiguous() for k, v in state.items()}
+
+
+def stage0_state_dict(model_states: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """fp32 weights of a ZeRO stage 0 checkpoint (DeepSpeed's zero_to_fp32 reads ZeRO 1-3 only).
+
+    With bf16/fp16 the module holds 16-bit copies and the optimizer wrapper the fp32 masters
+    (`fp32_groups`, in the order of the module's parameters); with fp32 the module's own
+    tensors are the masters.
+    """
+    module: dict[str, torch.Tensor] = model_states["module"]
+    buffers = set(model_states.get("buffer_names") or [])
+    names = [k for k in module if k not in buffers]
+    optimizer = model_states.get("optimizer")
+    masters = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None
+    state = {k: v.detach().float().contiguous() for k, v in module.items()}
+    if masters:
+        flat = [t for group in masters for t in group]
+        if len(flat) != len(names):
+            raise ValueError(f"{len(flat)} fp32 master tensors for {len(names)} parameters")
+        for name, master in zip(names, flat, strict=True):
+            if master.numel() != module[name].numel():
+                raise ValueError(f"fp32 master of {name} has {master.numel()} elements")
+            state[name] = master.detach().float().reshape(module[name].shape).contiguous()
+    return state
+
+
+def readable_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
+    """`consolidated_state_dict`, with a damaged or code-carrying file as one ValueError line
+    (DeepSpeed's progress lines are shown on success only)."""
+    progress = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(progress):
+            state = consolidated_state_dict(tag_dir)
+        sys.stderr.write(progress.getvalue())
+        return state
+    except Exception as exc:  # unpickling and DeepSpeed's own checks raise many types
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        if "weights only load failed" in first.lower():
+            first = "it holds objects that loading would have to run code for; refused"
+        raise ValueError(f"checkpoint {tag_dir} cannot be read: {first[:200]}") from None
 
 
 def write_export(
@@ -63,12 +111,34 @@ def export_checkpoint(tag_dir: Path, out_dir: Path, spm_model: Path) -> Path:
     return out_dir
 
 
+class ExportError(ValueError):
+    """An export directory that cannot be loaded; `str()` is one line naming the file."""
+
+
 def load_exported(export_dir: Path, device: torch.device | str = "cpu") -> Transformer:
     """Build the model from an export directory (safetensors only; nothing is unpickled)."""
-    cfg = ModelConfig(**json.loads((export_dir / MODEL_JSON).read_text()))
+    try:
+        cfg = ModelConfig(**json.loads((export_dir / MODEL_JSON).read_text()))
+        problems = cfg.problems()
+    except (OSError, ValueError, TypeError) as exc:
+        raise ExportError(f"{export_dir / MODEL_JSON} is not a model description: {exc}") from None
+    if problems:
+        raise ExportError(f"{export_dir / MODEL_JSON}: {problems[0][0]} {problems[0][1]}")
     model = Transformer(cfg)
-    state = load_file(str(export_dir / WEIGHTS), device=str(device))
-    model.load_state_dict(state, strict=True)
+    try:
+        state = load_file(str(export_dir / WEIGHTS), device=str(device))
+    except Exception as exc:  # safetensors raises its own error type for a damaged file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(
+            f"{export_dir / WEIGHTS} is not a readable safetensors file ({first})"
+        ) from None
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ExportError(
+            f"{export_dir / WEIGHTS} does not match {export_dir / MODEL_JSON}: "
+            f"{str(exc).strip().splitlines()[-1].strip()[:200]}"
+        ) from None
     return model.to(device).eval()
 
 
@@ -111,7 +181,7 @@ def export_run(run_dir: Path, out_dir: Path, *, tag: str | None = None, last: in
         if last > len(tags):
             raise ValueError(f"--last {last} but {ckpt_dir} holds only {len(tags)} checkpoints")
         tags = tags[-last:]
-    states = [consolidated_state_dict(ckpt_dir / t) for t in tags]
+    states = [readable_state_dict(ckpt_dir / t) for t in tags]
     meta = json.loads((ckpt_dir / tags[-1] / META).read_text())
     state = states[0] if len(states) == 1 else average_state_dicts(states)
     write_export(out_dir, state, meta["model"], meta["config"], run_dir / "spm.model")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from trainer.dist import DistEnv, init_distributed
 from trainer.ds_config import build_ds_config
 from trainer.evaluate import validation_bleu, validation_loss
 from trainer.export import export_checkpoint
+from trainer.faults import Faults
 from trainer.flops import peak_flops, step_flops
 from trainer.metrics import (
     ConsoleSink,
@@ -40,8 +42,9 @@ from trainer.metrics import (
     stderr_warn,
 )
 from trainer.report import write_report
+from trainer.safe_load import forbid_code_in_checkpoints
 from trainer.schedule import build_scheduler
-from trainer.signals import StopRequest
+from trainer.signals import EXIT_NONFINITE, EXIT_SAVE_FAILED, StopRequest, Watchdog
 
 
 class Job(Protocol):
@@ -59,6 +62,9 @@ class Progress:
     step: int = 0
     tokens_seen: int = 0  # source + target tokens, all ranks
     wandb_id: str = ""
+
+
+COMPILE_TIMEOUT_S = 3600.0  # the watchdog's least timeout for a compiled model (see train())
 
 
 def seed_everything(seed: int) -> None:
@@ -95,6 +101,11 @@ def build_engine(
         lr_scheduler=scheduler,
         config=build_ds_config(job.train, job.optim, env.world_size, load_universal),
     )
+    if job.train.compile:
+        # nn.Module.compile in place: parameter names, and so checkpoints, stay the same.
+        # Shapes vary from batch to batch; torch.compile marks them dynamic after the first
+        # recompilation instead of compiling one graph per shape.
+        engine.compile(compile_kwargs={"mode": job.train.compile_mode})
     return engine
 
 
@@ -227,6 +238,13 @@ def train_step(
     return sums, [flag > 0 for flag in reduced]
 
 
+def loss_finite_everywhere(sums: torch.Tensor, env: DistEnv) -> bool:
+    """Whether the step's loss (`sums[0]`, this rank's) is finite on every rank."""
+    bad = (~torch.isfinite(sums[:1])).double()
+    dist.all_reduce(bad)
+    return bool(bad.item() == 0)
+
+
 def adapt_to_world_size(job: Job, ckpt_dir: Path, tag: str, env: DistEnv) -> None:
     """Resuming on another number of ranks: keep the saved run's global batch by changing the
     accumulation, and convert the checkpoint to DeepSpeed's universal format (rank 0)."""
@@ -247,7 +265,8 @@ def adapt_to_world_size(job: Job, ckpt_dir: Path, tag: str, env: DistEnv) -> Non
 
 def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the job in this process; every rank calls this."""
-    env = init_distributed(job.train.device)
+    env = init_distributed(job.train.device, job.train.dist_timeout_s)
+    forbid_code_in_checkpoints()
     data_dir = Path(job.data.dir)
     tokenizer = Tokenizer(data_dir / "spm.model")
     model_cfg = resolve_model_config(job.model, tokenizer)
@@ -260,6 +279,8 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     seed_everything(job.train.seed)  # identical initial weights on every rank
     engine = build_engine(job, model_cfg, env, load_universal=universal)
     seed_everything(job.train.seed * 1000 + env.rank)  # per-rank dropout streams
+    faults = Faults.from_env(env.rank)
+    faults.install(engine.module)
 
     stream = TokenBatchStream(
         data_dir, "train", job.data, rank=env.rank, world_size=env.world_size, shuffle=True
@@ -286,6 +307,8 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     if env.is_main and resumed_at is not None:
         print(f"resumed from {ckpt_dir / tag} at step {resumed_at}", flush=True)
 
+    n_params = sum(p.numel() for p in engine.module.parameters())
+
     def save() -> None:
         checkpoint.save(
             engine,
@@ -302,6 +325,9 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
             rank=env.rank,
             keep_last=job.train.keep_last,
             meta={"model": model_cfg.__dict__, "config": resolved},
+            n_params=n_params,
+            precision=job.train.precision,
+            faults=faults,
         )
 
     def evaluate(with_bleu: bool) -> dict[str, float]:
@@ -350,22 +376,49 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
         # FLOPs probe, loader workers) shifts the restored dropout stream.
         checkpoint.set_rng_state(rank_states[env.rank]["rng"])
     stop_request = StopRequest().install()
+    # A compiled model compiles again on new shapes and in eval mode (minutes for the big model
+    # with max-autotune): its phases get an hour at least; collectives keep dist_timeout_s.
+    watchdog = Watchdog(
+        max(cfg.dist_timeout_s, COMPILE_TIMEOUT_S) if cfg.compile else cfg.dist_timeout_s
+    )
     last_save = time.monotonic()
     stopping = False
-    while progress.step < cfg.max_steps and not stopping:
+    failure: tuple[int, str] | None = None  # (exit code, one-line reason) of a failed run
+    nonfinite_streak = 0  # consecutive steps whose loss was not finite on some rank
+    step_sums: torch.Tensor | None = None
+    while progress.step < cfg.max_steps and not stopping and failure is None:
+        watchdog.arm()
+        faults.step = progress.step + 1
         micro = [next(batches) for _ in range(cfg.grad_accum)]
+        # the previous step's loss, checked here where the step's first collective syncs anyway
+        prev_nonfinite = step_sums is not None and not bool(torch.isfinite(step_sums[0]))
         clock_due = bool(
             env.is_main
             and cfg.save_every_minutes
             and time.monotonic() - last_save >= 60 * cfg.save_every_minutes
         )
-        sums, (stopping, save_due) = train_step(
-            engine, micro, env, model_cfg.label_smoothing, [stop_request.requested, clock_due]
+        sums, (stopping, save_due, prev_nonfinite) = train_step(
+            engine,
+            micro,
+            env,
+            model_cfg.label_smoothing,
+            [stop_request.requested, clock_due, prev_nonfinite],
         )
+        step_sums = sums
         window += sums
         window_flops += batch_flops(model_cfg, micro)
         progress.step += 1
         step = progress.step
+        faults.after_step(step)
+        nonfinite_streak = nonfinite_streak + 1 if prev_nonfinite else 0
+        if nonfinite_streak >= cfg.max_nonfinite:
+            failure = (
+                EXIT_NONFINITE,
+                f"the loss was not finite in {nonfinite_streak} consecutive steps "
+                f"({step - nonfinite_streak}-{step - 1}; train.max_nonfinite="
+                f"{cfg.max_nonfinite}); stopped without saving, the last checkpoint is "
+                f"{checkpoint.latest_tag(ckpt_dir) or 'none'}",
+            )
         record: dict[str, float] = {}
         final = step == cfg.max_steps
         if step % cfg.log_every == 0 or final or stopping or step == start_step + 1:
@@ -399,20 +452,38 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
             record["samples_skipped_corrupt"] = int(skip_corrupt)
             if first_loss is None:
                 first_loss = record["loss"]
-        if not stopping and ((cfg.eval_every and step % cfg.eval_every == 0) or final):
+        eval_due = (cfg.eval_every and step % cfg.eval_every == 0) or final
+        if not stopping and failure is None and eval_due:
             bleu_due = (cfg.bleu_every and step % cfg.bleu_every == 0) or final
+            watchdog.arm()
             with timer.paused():
                 record.update(evaluate(with_bleu=bool(bleu_due)))
         if record:
             last.update(record)
             logger.log(step, record)
-        if (cfg.save_every and step % cfg.save_every == 0) or final or stopping or save_due:
+        save_now = bool(
+            (cfg.save_every and step % cfg.save_every == 0) or final or stopping or save_due
+        )
+        if failure is None and save_now:
             last_save = time.monotonic()
+            watchdog.arm()
             with timer.paused():
-                save()
+                if not loss_finite_everywhere(sums, env):
+                    if env.is_main:
+                        stderr_warn(f"step {step}: the loss is not finite; no checkpoint saved")
+                else:
+                    try:
+                        save()
+                    except checkpoint.CheckpointError as exc:
+                        failure = (EXIT_SAVE_FAILED, str(exc))
 
+    watchdog.disarm()
     stop_request.uninstall()
     summary: dict[str, Any] = {"preempted": stopping}
+    if failure is not None:
+        summary |= {"exit_code": failure[0], "error": failure[1]}
+        if env.is_main:
+            print(f"paperscale: error: {failure[1]}", file=sys.stderr, flush=True)
     if stopping and env.is_main:
         print(f"stopped at step {progress.step} after a signal; checkpoint saved", flush=True)
     if env.is_main:
@@ -428,7 +499,7 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
             "run_dir": str(run_dir),
         }
     final_tag = checkpoint.latest_tag(ckpt_dir)
-    if env.is_main and final_tag is not None and not stopping:
+    if env.is_main and final_tag is not None and not stopping and failure is None:
         export_checkpoint(ckpt_dir / final_tag, run_dir / "model", data_dir / "spm.model")
     dist.barrier()
     logger.close()

@@ -49,25 +49,43 @@ def test_stage3_trains_and_resumes_exactly(synthetic_data: Path, tmp_path: Path)
     assert losses(z2) == pytest.approx(losses(z3), rel=1e-5)
 
 
-def test_exports_from_stage2_and_stage3_are_the_same_tensors(
+def test_exports_from_stages_0_2_and_3_are_the_same_tensors(
     synthetic_data: Path, tmp_path: Path
 ) -> None:
     # A learning rate of 1e-12 keeps the weights at their (seeded, identical) initial values, so
-    # any difference comes from how each stage's partitioned checkpoint is consolidated.
+    # any difference comes from how each stage's (partitioned) checkpoint is consolidated.
     runs = {}
-    for stage in (2, 3):
+    for stage in (0, 2, 3):
         runs[stage] = tmp_path / f"z{stage}"
         train(runs[stage], synthetic_data, stage, 1, tmp_path, "optim.lr=1e-12")
-    w2, w3 = weights(runs[2] / "model"), weights(runs[3] / "model")
-    assert w2.keys() == w3.keys()
-    for key in w2:
-        assert w2[key].shape == w3[key].shape
-        torch.testing.assert_close(w2[key], w3[key], rtol=0, atol=1e-9)
+    w3 = weights(runs[3] / "model")
+    for stage in (0, 2):
+        other = weights(runs[stage] / "model")
+        assert other.keys() == w3.keys()
+        for key in other:
+            assert other[key].shape == w3[key].shape
+            torch.testing.assert_close(other[key], w3[key], rtol=0, atol=1e-9)
     # Exporting the stage-3 checkpoint by hand gives the tensors written when training ended.
     proc = paperscale("export", str(runs[3]), "--out", str(tmp_path / "exp3"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     for key, value in weights(tmp_path / "exp3").items():
         assert torch.equal(value, w3[key])
+
+
+def test_stage0_bf16_exports_the_fp32_masters(synthetic_data: Path, tmp_path: Path) -> None:
+    """ZeRO 0 with bf16 keeps 16-bit weights in the module and fp32 masters in the optimizer:
+    the export holds the masters, which round to exactly the module's bf16 weights."""
+    run = tmp_path / "z0"
+    train(run, synthetic_data, 0, 2, tmp_path, "train.precision=bf16")
+    exported = weights(run / "model")
+    (tag,) = [p for p in (run / "checkpoints").glob("step_*")]
+    module = torch.load(tag / "mp_rank_00_model_states.pt", weights_only=True)["module"]
+    assert exported.keys() == module.keys()
+    assert all(v.dtype == torch.float32 for v in exported.values())
+    for key, value in module.items():
+        assert value.dtype == torch.bfloat16
+        assert torch.equal(exported[key].bfloat16(), value), key
+    assert any(not torch.equal(exported[k], module[k].float()) for k in module)  # not a cast
 
 
 def test_average_of_identical_checkpoints_and_incomplete_saves(
