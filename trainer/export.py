@@ -33,9 +33,11 @@ def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
     from trainer.safe_load import forbid_code_in_checkpoints
 
     forbid_code_in_checkpoints()
-    model_states = tag_dir / "mp_rank_00_model_states.pt"
-    if model_states.is_file():  # ZeRO stage 0: one unpartitioned file
-        return stage0_state_dict(torch.load(model_states, map_location="cpu", weights_only=True))
+    if not any(tag_dir.glob("*optim_states.pt")):  # ZeRO stage 0: no optimizer partitions
+        model_states = torch.load(
+            tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True
+        )
+        return stage0_state_dict(model_states)
     # DeepSpeed reports its progress on stdout; keep stdout for the caller's own output.
     with contextlib.redirect_stdout(sys.stderr):
         state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
