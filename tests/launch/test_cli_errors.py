@@ -1,6 +1,5 @@
 """Bad configs and arguments: exit 2, one line naming the key, no traceback, nothing written."""
 
-import json
 import os
 import subprocess
 import sys
@@ -21,14 +20,6 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "data"
-    d.mkdir()
-    (d / "manifest.json").write_text(json.dumps({"version": 1, "splits": {}}))
-    return d
 
 
 @pytest.mark.parametrize(

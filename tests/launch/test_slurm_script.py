@@ -44,14 +44,6 @@ def run_cli(
     )
 
 
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "data"
-    d.mkdir()
-    (d / "manifest.json").write_text(json.dumps({"version": 1, "splits": {}}))
-    return d
-
-
 @pytest.mark.parametrize(("nodes", "gpus"), [(1, 0), (2, 0), (4, 8), (16, 4)])
 def test_script_runs_one_task_per_node_with_torchrun_ranks(nodes: int, gpus: int) -> None:
     profile = ClusterProfile(nodes=nodes, gpus_per_node=gpus, cpus_per_task=8)
