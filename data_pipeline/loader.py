@@ -117,10 +117,11 @@ def slot_plan(
 
 # --------------------------------------------------------------------------------------------
 def _ignore_stop_signals(worker_id: int) -> None:
-    """Loader workers leave stop signals to their rank.  Slurm sends scancel's TERM and the
-    preemption USR1 to every process of a job step, and a terminal's Ctrl-C reaches the whole
-    process group: a worker that died of one would take its rank down before it could save."""
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+    """Loader workers leave USR1 (preemption: Slurm may send it to every process of a job
+    step) and Ctrl-C's INT (sent to the whole process group) to their rank, which finishes its
+    step and saves.  TERM keeps its default: the DataLoader and multiprocessing end a worker
+    that is blocked on a full queue with it, and a worker ignoring it would hang the exit."""
+    for sig in (signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
 
 

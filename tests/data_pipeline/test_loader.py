@@ -406,8 +406,8 @@ def test_load_state_dicts_picks_own_or_merges(prepared: Path) -> None:
 
 
 def test_loader_workers_survive_stop_signals(prepared: Path) -> None:
-    """TERM, USR1 and INT sent to a loader worker (as Slurm and a terminal do: to every
-    process) leave it running: the rank decides when to stop, and the stream goes on."""
+    """USR1 and INT sent to a loader worker (as Slurm and a terminal may: to every process)
+    leave it running: the rank decides when to stop, and the stream goes on."""
     import os
     import signal
     import time
@@ -417,10 +417,10 @@ def test_loader_workers_survive_stop_signals(prepared: Path) -> None:
     cfg = data_cfg(max_tokens=512, shuffle_buffer=100, num_workers=2)
     straight = [b.keys for b in TokenBatchStream(prepared, "train", cfg, epochs=1)]
     stream = iter(TokenBatchStream(prepared, "train", cfg, epochs=1))
-    got = [next(stream).keys]
+    got = [next(stream).keys, next(stream).keys]  # round robin: both workers are running
     workers = child_pids(os.getpid())
     assert len(workers) >= 2
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+    for sig in (signal.SIGUSR1, signal.SIGINT):
         for pid in workers:
             os.kill(pid, sig)
     time.sleep(0.5)

@@ -223,35 +223,3 @@ def test_time_limit_warning_saves_and_requeues(
     assert "SIGUSR1 received" in text and f"requeueing job {job_id}" in text
     assert (run_dir / "checkpoints/latest").read_text().strip() == f"step_{stopped:08d}"
     assert "TIMEOUT" not in text
-
-
-@pytest.mark.timeout(300)
-def test_scancel_saves_a_checkpoint_and_does_not_requeue(
-    slurm: LocalSlurm, synthetic_data: Path, tmp_path: Path
-) -> None:
-    """scancel sends TERM to every process of the job (loader workers included): the ranks
-    finish their step and save before Slurm's KillWait runs out; the job is not requeued."""
-    run_dir = tmp_path / "run"
-    proc = submit(
-        slurm,
-        "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", "local",
-        "--run-dir", str(run_dir), f"data.dir={synthetic_data}", *TINY_MODEL,
-        "train.max_steps=1000000", "train.log_every=1", "train.eval_every=0",
-        "logging.wandb=disabled", "logging.tensorboard=false",
-        cwd=tmp_path,
-    )  # fmt: skip
-    job_id = submitted_job(proc)
-    log = run_dir / "logs" / f"slurm-{job_id}.out"
-    deadline = time.monotonic() + 240
-    while len(losses(run_dir)) < 4:
-        assert not finished(job_fields(slurm, job_id)), log.read_text()[-3000:]
-        assert time.monotonic() < deadline, "training did not start"
-        time.sleep(0.2)
-    subprocess.run(["scancel", job_id], env=slurm.env(), check=True, timeout=60)
-    fields = wait_for(slurm, job_id, finished, 120, "cancelled", log)
-    assert fields["JobState"] == "CANCELLED" and fields["Restarts"] == "0", fields
-    text = log.read_text()
-    match = re.search(r"stopped at step (\d+) after a signal", text)
-    assert match and "SIGTERM received" in text, text[-3000:]
-    assert (run_dir / "checkpoints/latest").read_text().strip() == f"step_{int(match[1]):08d}"
-    assert "requeueing" not in text
