@@ -31,7 +31,7 @@ def matmul_peak(device: str, dtype_name: str = "bf16", size: int = 8192, reps: i
     if device == "cpu":
         from trainer.flops import measured_cpu_peak_flops
 
-        return measured_cpu_peak_flops(dtype)
+        return measured_cpu_peak_flops(dtype, ((512, 512, 512),))
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     for _ in range(3):
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict:
     tokens = 2 * rows_per_micro * args.seq_len * job.train.grad_accum  # both sides
     flops = step_flops(cfg, tokens // 2, tokens // 2, args.seq_len, args.seq_len)
     dtype = PRECISION_DTYPES[job.train.precision]
-    peak = peak_flops(env.device, dtype) or float("nan")
+    peak = peak_flops(env.device, dtype, cfg, rows_per_micro * args.seq_len) or float("nan")
     measured_peak = matmul_peak(args.device, job.train.precision)
     if cuda:
         mem = torch.cuda.max_memory_allocated() / 2**30

@@ -124,7 +124,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_data_dir(job)
     if job.train.precision == "fp16" and not use_cuda(job.train.device):
         raise ConfigError(
-            "train.precision", "fp16 needs a GPU (DeepSpeed's CPU accelerator refuses it); use bf16"
+            "train.precision",
+            "fp16 needs a GPU (DeepSpeed's CPU accelerator refuses it); use auto or fp32",
         )
     run_dir = job.run_dir().resolve()
     job.run.dir = str(run_dir)
@@ -144,10 +145,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
         return code or preempted_exit_code(run_dir)
 
-    from trainer.loop import train
+    from trainer.loop import PrecisionError, train
     from trainer.signals import EXIT_PREEMPTED
 
-    summary = train(job, run_dir, to_dict(job))
+    try:
+        summary = train(job, run_dir, to_dict(job))
+    except PrecisionError as exc:
+        raise ConfigError("train.precision", str(exc)) from None
     if is_main:
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))
         print("summary: " + json.dumps(summary), flush=True)
@@ -343,6 +347,41 @@ def cmd_report(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------ plan
 
 
+def plan_gpu(args: argparse.Namespace, precision: str) -> tuple[str, str, float, float]:
+    """(precision, how it was chosen, GiB per rank, peak FLOP/s per rank) for `plan`.
+
+    `--gpu NAME` looks the GPU up in trainer/flops.py's table: its memory, its dense peak at
+    the precision, and for `auto` the precision the trainer would pick on it. Without it, auto
+    assumes a GPU with native bf16 and says so.
+    """
+    from launch.plan import H200_BF16_MEASURED
+    from trainer.flops import GPU_SPECS, gpu_spec
+    from trainer.precision import cuda_precision
+
+    spec = None
+    if args.gpu is not None:
+        spec = gpu_spec(args.gpu)
+        if spec is None:
+            known = ", ".join(s.key for s in GPU_SPECS)
+            raise UsageError(f"--gpu {args.gpu!r} is not in the table; known: {known}")
+    if precision != "auto":
+        how = "set in the config"
+    elif spec is not None:
+        choice = cuda_precision(spec.capability, spec.key)
+        precision, how = choice.precision, f"auto: {choice.reason}"
+    else:
+        precision = "bf16"
+        how = "auto, assumed: a GPU of compute capability >= 8.0 (pass --gpu NAME to check)"
+    gpu_mem = args.gpu_mem if args.gpu_mem is not None else (spec.memory_gib if spec else 80.0)
+    if args.peak_tflops is not None:
+        peak = args.peak_tflops * 1e12
+    elif spec is not None:
+        peak = spec.half if precision in ("bf16", "fp16") else spec.single
+    else:
+        peak = H200_BF16_MEASURED
+    return precision, how, gpu_mem, peak
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from launch.config import load_config
     from launch.plan import Machine, format_plan, make_plan
@@ -357,33 +396,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
         ("--peak-tflops", args.peak_tflops),
         ("--seq-len", args.seq_len),
     ):
-        if not value > 0:
+        if value is not None and not value > 0:
             raise UsageError(f"{name} must be > 0, got {value}")
     if not 0 < args.mfu <= 1:
         raise UsageError(f"--mfu must be in (0, 1], got {args.mfu}")
     if not 0 <= args.headroom < 1:
         raise UsageError(f"--headroom must be in [0, 1), got {args.headroom}")
     job = load_config(args.config, args.overrides)
+    precision, how, gpu_mem, peak = plan_gpu(args, job.train.precision)
     vocab = job.model.vocab_size or job.data.vocab_size
     cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
     machine = Machine(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
-        gpu_mem_gib=args.gpu_mem,
+        gpu_mem_gib=gpu_mem,
         headroom=args.headroom,
         mfu=args.mfu,
-        peak_flops=args.peak_tflops * 1e12,
+        peak_flops=peak,
     )
     plan = make_plan(
         cfg,
         machine,
         target_tokens=args.target_tokens,
         max_steps=job.train.max_steps,
-        precision=job.train.precision,
+        precision=precision,
         checkpointing=job.train.activation_checkpointing,
         seq_len=args.seq_len,
     )
-    plan = {"vocab_size": vocab, **plan}
+    plan = {"vocab_size": vocab, "gpu": args.gpu, "precision_from": how, **plan}
     print(json.dumps(plan, indent=1) if args.json else format_plan(plan))
     return 0
 
@@ -554,7 +594,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", required=True)
     plan.add_argument("--nodes", type=int, default=1)
     plan.add_argument("--gpus-per-node", type=int, default=8)
-    plan.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per rank (default 80)")
+    plan.add_argument(
+        "--gpu",
+        help="the GPU model (e.g. h200, a100, v100, t4): its memory and peak from the table in "
+        "trainer/flops.py, and the precision train.precision=auto picks on it",
+    )
+    plan.add_argument(
+        "--gpu-mem", type=float, help="GiB per rank (default: --gpu's memory, else 80)"
+    )
     plan.add_argument(
         "--target-tokens", type=int, default=25000, help="tokens per side per step (25000)"
     )
@@ -562,9 +609,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--peak-tflops",
         type=float,
-        default=790.0,
-        help="peak dense TFLOP/s per rank (default 790: H200 bf16 as measured; on a CPU pass "
-        "the matmul rate trainer.flops.measured_cpu_peak_flops reports)",
+        help="peak dense TFLOP/s per rank (default: --gpu's datasheet figure at the precision, "
+        "else 790, an H200's measured bf16 matmul rate; on a CPU pass the matmul rate "
+        "trainer.flops.measured_cpu_peak_flops reports)",
     )
     plan.add_argument(
         "--headroom", type=float, default=0.1, help="fraction of --gpu-mem left free (0.1)"

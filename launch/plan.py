@@ -358,6 +358,10 @@ def format_plan(plan: dict) -> str:
         f"({plan['usable_gib']:.1f} GiB usable per rank), {plan['precision']}, "
         f"activation checkpointing {'on' if plan['activation_checkpointing'] else 'off'}",
         f"target           {plan['target_tokens_per_side']:,} tokens per side per step",
+    ]
+    if plan.get("precision_from"):
+        lines.append(f"precision        {plan['precision']} ({plan['precision_from']})")
+    lines += [
         "",
         "GiB per rank  params   grads   optim  buffers  states  micro-tok  accum  act   peak",
     ]

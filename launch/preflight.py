@@ -63,8 +63,22 @@ def check_same_run(job: JobConfig, meta: dict[str, Any], tag: str) -> None:
                 f"{want!r}: a resumed run trains the same model (use a new --run-dir)",
             )
     saved_train = (meta.get("config") or {}).get("train") or {}
+    saved_precision = saved_train.get("precision")
+    if job.train.precision == "auto" and saved_precision is not None:
+        from launch.local import use_cuda
+        from trainer.precision import runs_on
+
+        device = "cuda" if use_cuda(job.train.device) else "cpu"
+        if not runs_on(saved_precision, device):
+            raise ConfigError(
+                "train.precision",
+                f"the run dir's checkpoint {tag} was saved in {saved_precision}, which needs "
+                "a GPU; this machine has none (resume it where there is one)",
+            )
     for key in FIXED_TRAIN_KEYS:
         want = getattr(job.train, key)
+        if key == "precision" and want == "auto":
+            continue  # auto follows the checkpoint's precision (trainer/precision.py)
         if key in saved_train and saved_train[key] != want:
             raise ConfigError(
                 f"train.{key}",

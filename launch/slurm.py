@@ -147,7 +147,8 @@ def validate_job(job: JobConfig, profile: ClusterProfile) -> None:
         raise ConfigError("train.device", "cuda needs a profile with gpus_per_node >= 1")
     if job.train.precision == "fp16" and (not profile.gpus_per_node or job.train.device == "cpu"):
         raise ConfigError(
-            "train.precision", "fp16 needs GPUs (DeepSpeed's CPU accelerator refuses it); use bf16"
+            "train.precision",
+            "fp16 needs GPUs (DeepSpeed's CPU accelerator refuses it); use auto or fp32",
         )
 
 

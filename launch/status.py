@@ -43,8 +43,23 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         path = run_dir / f"eval_{split}.json"
         if path.is_file():
             status[f"{split}_eval"] = json.loads(path.read_text())
+    status["precision"] = run_precision(run_dir)
     status["slurm"] = slurm_status(run_dir)
     return status
+
+
+def run_precision(run_dir: Path) -> str | None:
+    """The precision the run trains in: the run dir's config.yaml names it once training
+    started (`auto` before that, or for a run that has not started yet)."""
+    from omegaconf import OmegaConf
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        return str(OmegaConf.load(path).train.precision)
+    except Exception:  # a config of another version or a damaged file: leave the line out
+        return None
 
 
 def slurm_status(run_dir: Path) -> dict[str, Any] | None:
@@ -76,6 +91,7 @@ def format_status(status: dict[str, Any]) -> str:
         f"run dir          {status['run_dir']}",
         f"last step        {num(status['last_step'], 'd')}",
         f"last checkpoint  {status['last_checkpoint'] or '-'}",
+        f"precision        {status.get('precision') or '-'}",
         f"train loss       {num(status['first_loss'], '.3f')} (first) -> "
         f"{num(status['loss'], '.3f')} (last)",
         f"tokens/s         {num(status['tokens_per_s'], ',.0f')}",

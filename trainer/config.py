@@ -62,7 +62,8 @@ class TrainConfig:
     max_steps: int = 100_000
     grad_accum: int = 1
     zero_stage: int = 2
-    precision: str = "bf16"  # bf16 | fp16 (GPU only) | fp32
+    # auto (the machine's fastest: trainer/precision.py) | bf16 | fp16 (GPU only) | fp32
+    precision: str = "auto"
     seed: int = 1
     log_every: int = 100
     eval_every: int = 1000  # validation loss; 0 = only at the end
@@ -100,8 +101,8 @@ class TrainConfig:
             out.append(("save_every_minutes", f"must be >= 0, got {self.save_every_minutes!r}"))
         if self.zero_stage not in (0, 1, 2, 3):
             out.append(("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage!r}"))
-        if self.precision not in ("bf16", "fp16", "fp32"):
-            out.append(("precision", f"must be bf16, fp16 or fp32, got {self.precision!r}"))
+        if self.precision not in ("auto", "bf16", "fp16", "fp32"):
+            out.append(("precision", f"must be auto, bf16, fp16 or fp32, got {self.precision!r}"))
         if self.compile_mode not in COMPILE_MODES:
             modes = ", ".join(COMPILE_MODES)
             out.append(("compile_mode", f"must be one of {modes}, got {self.compile_mode!r}"))

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from data_pipeline.config import DataConfig
 from data_pipeline.loader import Batch, TokenBatchStream
@@ -41,6 +42,7 @@ from trainer.metrics import (
     open_sink,
     stderr_warn,
 )
+from trainer.precision import PrecisionChoice, resolve_precision, slow_bf16_warning
 from trainer.report import write_report
 from trainer.safe_load import forbid_code_in_checkpoints
 from trainer.schedule import build_scheduler
@@ -62,6 +64,10 @@ class Progress:
     step: int = 0
     tokens_seen: int = 0  # source + target tokens, all ranks
     wandb_id: str = ""
+
+
+class PrecisionError(ValueError):
+    """The checkpoint's precision cannot run on this machine (e.g. fp16 without a GPU)."""
 
 
 COMPILE_TIMEOUT_S = 3600.0  # the watchdog's least timeout for a compiled model (see train())
@@ -263,6 +269,46 @@ def adapt_to_world_size(job: Job, ckpt_dir: Path, tag: str, env: DistEnv) -> Non
     job.train.grad_accum = accum
 
 
+def agree_on_precision(
+    job: Job, env: DistEnv, model_cfg: ModelConfig, saved: str | None
+) -> PrecisionChoice:
+    """Resolve `train.precision` on rank 0 (its probe measures alone) and hand the answer to
+    every rank, so that all train in the same precision; rank 0 states it in one line."""
+    requested = job.train.precision
+    answer: list[Any] = [None, None]
+    if env.is_main:
+        try:
+            choice = resolve_precision(
+                requested, env.device.type, model_cfg.d_model, model_cfg.d_ff, saved
+            )
+            answer = [choice, None]
+            if requested == "auto":
+                print(choice.line(), flush=True)
+            elif requested == "bf16":
+                warning = slow_bf16_warning(env.device.type, model_cfg.d_model, model_cfg.d_ff)
+                if warning:
+                    stderr_warn(warning)
+        except ValueError as exc:
+            answer = [None, str(exc)]
+    dist.broadcast_object_list(answer, src=0)
+    if answer[1] is not None:
+        raise PrecisionError(answer[1])
+    return answer[0]
+
+
+def cluster_peak_flops(
+    env: DistEnv, precision: str, model_cfg: ModelConfig, rows: int
+) -> float | None:
+    """Peak FLOP/s of all ranks together, for MFU: each rank measures (CPU) or looks up (GPU)
+    its own at the same time as the others, since ranks of one machine share its cores."""
+    dist.barrier()
+    own = peak_flops(env.device, PRECISION_DTYPES[precision], model_cfg, rows)
+    total = torch.tensor([own or 0.0, 0.0 if own else 1.0], dtype=torch.float64)
+    total = total.to(env.device)
+    dist.all_reduce(total)
+    return float(total[0]) if float(total[1]) == 0 else None
+
+
 def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the job in this process; every rank calls this."""
     env = init_distributed(job.train.device, job.train.dist_timeout_s)
@@ -272,6 +318,14 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     model_cfg = resolve_model_config(job.model, tokenizer)
     ckpt_dir = run_dir / "checkpoints"
     tag = checkpoint.latest_tag(ckpt_dir)
+    saved_precision = None
+    if tag is not None:
+        saved_precision = checkpoint.saved_meta(ckpt_dir, tag)["config"]["train"]["precision"]
+    choice = agree_on_precision(job, env, model_cfg, saved_precision)
+    job.train.precision = choice.precision
+    resolved["train"]["precision"] = choice.precision
+    if env.is_main:  # the run dir's config names the precision the run trains in
+        checkpoint.write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
     universal = tag is not None and checkpoint.saved_world_size(ckpt_dir, tag) != env.world_size
     if universal:
         adapt_to_world_size(job, ckpt_dir, tag, env)
@@ -303,7 +357,7 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     logger = MetricsLogger(
         open_sinks(job, run_dir, progress, resumed_at, resolved) if env.is_main else []
     )
-    peak = peak_flops(env.device, PRECISION_DTYPES[job.train.precision]) if env.is_main else None
+    peak = cluster_peak_flops(env, job.train.precision, model_cfg, job.data.max_tokens)
     if env.is_main and resumed_at is not None:
         print(f"resumed from {ckpt_dir / tag} at step {resumed_at}", flush=True)
 
@@ -446,7 +500,7 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
                 }
             )
             if peak:
-                record["mfu"] = flops / seconds / (peak * env.world_size)
+                record["mfu"] = flops / seconds / peak
             record.update(memory_metrics(env.device))
             record["samples_skipped_long"] = int(skip_long)
             record["samples_skipped_corrupt"] = int(skip_corrupt)
@@ -479,7 +533,11 @@ def train(job: Job, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
 
     watchdog.disarm()
     stop_request.uninstall()
-    summary: dict[str, Any] = {"preempted": stopping}
+    summary: dict[str, Any] = {
+        "preempted": stopping,
+        "precision": choice.precision,
+        "precision_reason": choice.reason,
+    }
     if failure is not None:
         summary |= {"exit_code": failure[0], "error": failure[1]}
         if env.is_main:

@@ -27,13 +27,19 @@ def cli_env() -> dict[str, str]:
 
 
 def paperscale(
-    *args: str, cwd: Path, timeout: float = 300, stdin: str | None = None
+    *args: str,
+    cwd: Path,
+    timeout: float = 300,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run `python -m launch.cli ARGS` and fail the test (not hang) past `timeout` seconds."""
+    """Run `python -m launch.cli ARGS` and fail the test (not hang) past `timeout` seconds.
+
+    `env` adds to (or overrides) the test environment of cli_env()."""
     return subprocess.run(
         [sys.executable, "-m", "launch.cli", *args],
         cwd=cwd,
-        env=cli_env(),
+        env={**cli_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -158,8 +158,37 @@ def test_cli_json_and_table() -> None:
 
 
 @pytest.mark.parametrize(
+    ("gpu", "precision", "peak", "memory"),
+    [("v100", "fp16", 125.0, 32.0), ("t4", "fp16", 65.0, 16.0), ("h200", "bf16", 989.0, 141.0)],
+)
+def test_cli_gpu_picks_the_precision_auto_would(
+    gpu: str, precision: str, peak: float, memory: float
+) -> None:
+    proc = _plan_cli("--config", "configs/big.yaml", "--gpu", gpu, "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["precision"] == precision and plan["precision_from"].startswith("auto: ")
+    assert plan["peak_tflops"] == pytest.approx(peak) and plan["gpu_mem_gib"] == memory
+    proc = _plan_cli("--config", "configs/big.yaml", "--gpu", gpu, "--gpu-mem", "20")
+    assert proc.returncode == 0 and f"precision        {precision} (auto: " in proc.stdout
+
+
+def test_cli_without_gpu_states_its_assumption() -> None:
+    proc = _plan_cli("--config", "configs/big.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert "precision        bf16 (auto, assumed: a GPU of compute capability >= 8.0" in (
+        proc.stdout
+    )
+    proc = _plan_cli("--config", "configs/big.yaml", "train.precision=fp32", "--json")
+    plan = json.loads(proc.stdout)
+    assert plan["precision"] == "fp32" and plan["precision_from"] == "set in the config"
+    assert plan["peak_tflops"] == pytest.approx(790.0)
+
+
+@pytest.mark.parametrize(
     "bad, needle",
     [
+        (["--gpu", "abacus"], "--gpu"),
         (["--gpu-mem", "0"], "--gpu-mem"),
         (["--nodes", "0"], "--nodes"),
         (["--mfu", "1.5"], "--mfu"),

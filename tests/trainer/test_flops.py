@@ -8,8 +8,11 @@ import torch
 from model.config import ModelConfig
 from model.params import count_parameters
 from trainer.flops import (
+    GPU_SPECS,
     flops_per_token,
     gpu_peak_flops,
+    gpu_spec,
+    largest_matmuls,
     measured_cpu_peak_flops,
     peak_flops,
     step_flops,
@@ -68,8 +71,27 @@ def test_unknown_gpu_has_no_peak() -> None:
     assert gpu_peak_flops("Some Future Accelerator", torch.bfloat16) is None
 
 
-def test_cpu_peak_is_measured_once_per_dtype() -> None:
-    first = measured_cpu_peak_flops(torch.float32)
+def test_every_gpu_entry_names_its_source_and_capability() -> None:
+    for spec in GPU_SPECS:
+        assert spec.source.strip() and spec.half >= spec.single > 0
+        assert spec.capability >= (6, 0) and spec.memory_gib > 0
+    assert gpu_spec("tesla v100-sxm2-16gb") is not None
+    assert gpu_spec("Tesla V100-SXM2-16GB").capability == (7, 0)  # type: ignore[union-attr]
+
+
+def test_cpu_peak_covers_the_models_largest_matmuls() -> None:
+    cfg = ModelConfig(vocab_size=8000, d_model=256, d_ff=1024)
+    shapes = largest_matmuls(cfg, rows=1536)
+    biggest = max(m * k * n for m, k, n in shapes)
+    assert biggest == 1536 * 256 * 8000  # the output projection
+    assert (1536, 256, 1024) in shapes and (1536, 1024, 256) in shapes  # feed-forward
+    assert max(m for m, _, _ in largest_matmuls(cfg, rows=100_000)) == 2048  # capped
+
+
+def test_cpu_peak_is_measured_once_per_dtype_and_shape() -> None:
+    cfg = ModelConfig(vocab_size=64, d_model=32, d_ff=64)
+    shapes = tuple(largest_matmuls(cfg, rows=128))
+    first = measured_cpu_peak_flops(torch.float32, shapes)
     assert first > 1e6
-    assert measured_cpu_peak_flops(torch.float32) == first  # cached, not re-measured
-    assert peak_flops(torch.device("cpu"), torch.float32) == first
+    assert measured_cpu_peak_flops(torch.float32, shapes) == first  # cached, not re-measured
+    assert peak_flops(torch.device("cpu"), torch.float32, cfg, 128) == first

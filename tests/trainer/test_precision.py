@@ -1,0 +1,152 @@
+"""`train.precision: auto`: the CUDA capability rule, the CPU flags + probe, the switch, the
+warning on a forced bf16, and what a resumed run does when the machine would pick another."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.precision import (
+    CPU_BF16_ENV,
+    CpuBf16Verdict,
+    PrecisionChoice,
+    bf16_slowdown,
+    cpu_bf16_verdict,
+    cpu_has_native_bf16,
+    cuda_precision,
+    forced_cpu_bf16,
+    machine_choice,
+    resolve_precision,
+    runs_on,
+    slow_bf16_warning,
+)
+
+NATIVE = {"avx512_bf16": True, "amx_bf16": False, "avx2": True}
+AVX2_ONLY = {"avx512_bf16": False, "amx_bf16": False, "avx2": True}
+
+
+@pytest.mark.parametrize(
+    ("capability", "name", "expected"),
+    [
+        ((6, 0), "Tesla P100-PCIE-16GB", "fp16"),
+        ((7, 0), "Tesla V100-SXM2-32GB", "fp16"),
+        ((7, 5), "Tesla T4", "fp16"),
+        ((8, 0), "NVIDIA A100-SXM4-80GB", "bf16"),
+        ((8, 6), "NVIDIA A10", "bf16"),
+        ((8, 9), "NVIDIA L4", "bf16"),
+        ((9, 0), "NVIDIA H200", "bf16"),
+        ((10, 0), "NVIDIA B200", "bf16"),
+    ],
+)
+def test_cuda_rule_is_bf16_from_capability_8(
+    capability: tuple[int, int], name: str, expected: str
+) -> None:
+    choice = cuda_precision(capability, name)
+    assert choice.precision == expected
+    assert name in choice.reason and f"{capability[0]}.{capability[1]}" in choice.reason
+    via_machine = machine_choice("cuda", 512, 2048, cuda_capability=capability, cuda_name=name)
+    assert via_machine == choice
+
+
+def test_cpu_flags_both_ways() -> None:
+    assert cpu_has_native_bf16(NATIVE)
+    assert cpu_has_native_bf16({"amx_bf16": True})
+    assert cpu_has_native_bf16({"bf16": True})  # Arm FEAT_BF16
+    assert not cpu_has_native_bf16(AVX2_ONLY)
+    assert not cpu_has_native_bf16({})
+
+
+def test_this_machines_flags_agree_with_proc_cpuinfo() -> None:
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        pytest.fail("needs /proc/cpuinfo (Linux)")
+    flags = set(cpuinfo.read_text().split())
+    assert cpu_has_native_bf16() == bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+@pytest.mark.parametrize(
+    ("caps", "slowdown", "expected"),
+    [
+        (NATIVE, 0.5, "bf16"),  # native and measured faster
+        (NATIVE, 1.0, "bf16"),  # as fast counts
+        (NATIVE, 3.0, "fp32"),  # flags present but the probe finds bf16 slower
+        (AVX2_ONLY, 70.0, "fp32"),  # emulated
+        (AVX2_ONLY, 0.5, "fp32"),  # no flags: never bf16, whatever one timing says
+    ],
+)
+def test_cpu_rule_needs_flags_and_probe(
+    caps: dict[str, bool], slowdown: float, expected: str
+) -> None:
+    verdict = cpu_bf16_verdict(256, 1024, {}, caps, probe=lambda d, f: slowdown)
+    assert ("bf16" if verdict.use_bf16 else "fp32") == expected
+    choice = machine_choice("cpu", 256, 1024, {}, cpu_verdict=lambda d, f, e: verdict)
+    assert choice.precision == expected
+
+
+def test_reason_states_the_measured_slowdown() -> None:
+    emulated = CpuBf16Verdict(native_flags=False, slowdown=70.0, forced=None)
+    line = PrecisionChoice("fp32", emulated.describe()).line()
+    assert line == (
+        "precision auto -> fp32: this CPU has no native bf16 (bf16 matmul 70x slower than fp32)"
+    )
+    native = CpuBf16Verdict(native_flags=True, slowdown=0.5, forced=None)
+    assert native.describe() == "this CPU has native bf16 (bf16 matmul 2.0x the speed of fp32)"
+
+
+@pytest.mark.parametrize(
+    ("value", "caps", "expected"),
+    [("1", AVX2_ONLY, "bf16"), ("0", NATIVE, "fp32"), ("", AVX2_ONLY, "fp32")],
+)
+def test_switch_forces_the_cpu_answer(value: str, caps: dict[str, bool], expected: str) -> None:
+    verdict = cpu_bf16_verdict(256, 1024, {CPU_BF16_ENV: value}, caps, probe=lambda d, f: 0.5)
+    assert ("bf16" if verdict.use_bf16 else "fp32") == expected
+    if value:
+        assert f"{CPU_BF16_ENV}={value}" in verdict.describe()
+
+
+def test_switch_rejects_other_values() -> None:
+    assert forced_cpu_bf16({}) is None
+    with pytest.raises(ValueError, match=CPU_BF16_ENV):
+        forced_cpu_bf16({CPU_BF16_ENV: "yes"})
+
+
+def test_probe_measures_a_real_ratio() -> None:
+    ratio = bf16_slowdown(64, 128, rows=64, budget_s=0.2)
+    assert 0.01 < ratio < 1000
+
+
+def test_forced_bf16_warns_with_the_measured_slowdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CPU_BF16_ENV, "0")
+    warning = slow_bf16_warning("cpu", 64, 128)
+    assert warning is not None and warning.startswith("warning: train.precision=bf16")
+    assert "measured: bf16 matmul" in warning and "\n" not in warning
+    monkeypatch.setenv(CPU_BF16_ENV, "1")
+    assert slow_bf16_warning("cpu", 64, 128) is None
+    assert slow_bf16_warning("cuda", 64, 128) is None
+
+
+FP32_HERE = PrecisionChoice("fp32", "this CPU has no native bf16")
+BF16_HERE = PrecisionChoice("bf16", "this CPU has native bf16")
+
+
+def test_resume_keeps_the_checkpoints_precision_and_says_why() -> None:
+    kept = resolve_precision("auto", "cpu", 256, 1024, saved="bf16", choose=lambda: FP32_HERE)
+    assert kept.precision == "bf16"
+    assert kept.line().startswith("precision auto -> bf16: continuing in the checkpoint's")
+    assert "would pick fp32" in kept.reason
+    other = resolve_precision("auto", "cpu", 256, 1024, saved="fp32", choose=lambda: BF16_HERE)
+    assert other.precision == "fp32" and "would pick bf16" in other.reason
+    same = resolve_precision("auto", "cpu", 256, 1024, saved="fp32", choose=lambda: FP32_HERE)
+    assert same == FP32_HERE
+
+
+def test_fp16_checkpoint_cannot_resume_without_a_gpu() -> None:
+    assert not runs_on("fp16", "cpu") and runs_on("fp16", "cuda") and runs_on("bf16", "cpu")
+    with pytest.raises(ValueError, match="saved in fp16, which needs a GPU"):
+        resolve_precision("auto", "cpu", 256, 1024, saved="fp16", choose=lambda: FP32_HERE)
+
+
+def test_explicit_precision_is_taken_as_given() -> None:
+    choice = resolve_precision("bf16", "cpu", 256, 1024, choose=lambda: FP32_HERE)
+    assert choice.precision == "bf16"
