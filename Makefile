@@ -49,7 +49,7 @@ $(DATA)/manifest.json: $(CORPUS)/corpus.json
 demo: venv $(DATA)/manifest.json
 	rm -rf $(DEMO_RUN)
 	$(PS) train --config configs/tiny.yaml --nproc 2 --run-dir $(DEMO_RUN) data.dir=$(DATA)
-	$(PS) evaluate $(DEMO_RUN) --data $(DATA) --split test --beam 4
+	$(PS) evaluate $(DEMO_RUN) --data $(DATA) --split test --beam 4 --show 5
 	$(PS) status $(DEMO_RUN)
 
 clean:

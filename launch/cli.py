@@ -239,13 +239,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    import sacrebleu
-
     from data_pipeline.loader import read_manifest
     from data_pipeline.text import read_split_text
+    from launch.evaluation import format_examples, pick_examples, score
     from trainer.inference import Translator
 
     _check_decode_args(args)
+    if args.show < 0:
+        raise UsageError(f"--show must be >= 0, got {args.show}")
     export = resolve_export(Path(args.model))
     data_dir = Path(args.data)
     read_manifest(data_dir)
@@ -259,25 +260,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             sources, beam=args.beam, lenpen=args.lenpen, max_tokens=args.max_tokens
         )
     ]
-    bleu = sacrebleu.BLEU()
-    chrf = sacrebleu.CHRF()
-    bleu_score = bleu.corpus_score(hyps, [refs])
-    chrf_score = chrf.corpus_score(hyps, [refs])
-    result = {
-        "split": args.split,
-        "sentences": len(hyps),
-        "beam": args.beam,
-        "lenpen": args.lenpen,
-        "bleu": round(bleu_score.score, 2),
-        "chrf": round(chrf_score.score, 2),
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
-    }
+    figures, lines = score(hyps, refs)
+    result = {"split": args.split, "beam": args.beam, "lenpen": args.lenpen, **figures}
     run_dir = export.parent if export.name == "model" else export
     (run_dir / f"{args.split}.hyp.txt").write_text("".join(h + "\n" for h in hyps))
     (run_dir / f"eval_{args.split}.json").write_text(json.dumps(result, indent=1))
-    print(f"{bleu_score}  signature: {result['bleu_signature']}")
-    print(f"{chrf_score}  signature: {result['chrf_signature']}")
+    if args.show:
+        print(format_examples(pick_examples(sources, args.show), sources, refs, hyps))
+    print("\n".join(lines))
     print(json.dumps(result))
     return 0
 
@@ -525,6 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--data", required=True, help="data dir written by `prepare`")
             sp.add_argument("--split", default="test", choices=["valid", "test"])
             sp.add_argument("--limit", type=int, default=0, help="first N sentences only")
+            sp.add_argument(
+                "--show",
+                type=int,
+                default=0,
+                help="print N sentences: source, reference, hypothesis (default 0)",
+            )
             sp.set_defaults(func=cmd_evaluate, nbest=1)
 
     export = sub.add_parser(

@@ -79,9 +79,16 @@ def test_two_ranks_train_resume_translate_evaluate(synthetic_data: Path, tmp_pat
         "16",
         "--beam",
         "2",
+        "--show",
+        "3",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((run_dir / "eval_test.json").read_text())
     assert result["sentences"] == 16 and 0 <= result["bleu"] <= 100
+    # three examples, each with its source, reference and hypothesis
+    shown = proc.stdout.splitlines()
+    assert sum(x.startswith("  source     ") for x in shown) == 3
+    assert sum(x.startswith("  reference  ") for x in shown) == 3
+    assert sum(x.startswith("  hypothesis ") for x in shown) == 3
     assert "nrefs:1" in result["bleu_signature"]
