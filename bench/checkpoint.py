@@ -6,8 +6,8 @@ Run under torchrun so every rank writes its ZeRO partition, e.g.
         --standalone --nproc_per_node=2 bench/checkpoint.py --config configs/base.yaml
 
 One optimizer step on random tokens fills the Adam moments, then the real save path
-(trainer.checkpoint.save: DeepSpeed files, per-rank state, `latest` last) is timed, and the
-load path after it.
+(trainer.checkpointer.CheckpointManager.save: DeepSpeed files, per-rank state, `latest`
+last) is timed, and the restore path after it.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from launch.config import load_config
 from model.config import ModelConfig
 from model.loss import label_smoothed_loss
-from trainer import checkpoint
+from trainer.checkpointer import CheckpointManager
 from trainer.dist import init_distributed
-from trainer.loop import build_engine
+from trainer.engine import build_engine
+from trainer.run_dir import RunDir
+from trainer.state import RngState, TrainState
 
 
 def main() -> None:
@@ -54,20 +56,22 @@ def main() -> None:
     shared = [args.dir or (tempfile.mkdtemp(prefix="ckpt-bench-") if env.is_main else None)]
     dist.broadcast_object_list(shared, src=0)  # one directory, made by rank 0
     base = Path(shared[0])
-    ckpt_dir = base / "checkpoints"
+    ckpts = RunDir(base).checkpoints
+    manager = CheckpointManager(
+        ckpts, engine, env.rank, env.world_size, TrainState(step=1), {"rng": RngState()},
+        keep_last=1, meta={"model": model_cfg.__dict__, "config": {}},
+        precision=job.train.precision,
+    )  # fmt: skip
     dist.barrier()
     start = time.perf_counter()
-    tag = checkpoint.save(
-        engine, ckpt_dir, 1, client_state={"step": 1}, rank_state={"rng": checkpoint.rng_state()},
-        rank=env.rank, keep_last=1, meta={"model": model_cfg.__dict__, "config": {}},
-    )  # fmt: skip
+    tag = manager.save(1)
     saved = time.perf_counter() - start
     start = time.perf_counter()
-    checkpoint.load(engine, ckpt_dir, tag, env.rank)
+    manager.restore(tag)
     dist.barrier()
     loaded = time.perf_counter() - start
     if env.is_main:
-        files = [p for p in (ckpt_dir / tag).rglob("*") if p.is_file()]
+        files = [p for p in ckpts.tag_dir(tag).rglob("*") if p.is_file()]
         size = sum(p.stat().st_size for p in files)
         params = sum(p.numel() for p in engine.module.parameters())
         print(f"config            {args.config}  (vocab {vocab}, {params:,} parameters)")

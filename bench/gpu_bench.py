@@ -3,7 +3,7 @@
     python bench/gpu_bench.py --config configs/big.yaml --tokens 25000 --out ROWS.jsonl \\
         [--device cuda|cpu] [--steps 20] [--warmup 5] [key=value ...]
 
-The trainer's own pieces (trainer.loop.build_engine, train_step, trainer.flops) on one rank,
+The trainer's own pieces (trainer.engine.build_engine, train_step, trainer.flops) on one rank,
 fed micro-batches of random tokens shaped like the paper's: sentences of --seq-len tokens
 (no padding) with --tokens per side per step. Attention runs through SDPA restricted to the
 fused kernels (flash; memory-efficient where a boolean mask is passed, as for the decoder's
@@ -52,8 +52,9 @@ def run(args: argparse.Namespace) -> dict:
     from launch.config import load_config
     from model.config import ModelConfig
     from trainer.dist import init_distributed
+    from trainer.engine import PRECISION_DTYPES, build_engine, seed_everything
     from trainer.flops import peak_flops, step_flops
-    from trainer.loop import PRECISION_DTYPES, build_engine, seed_everything, train_step
+    from trainer.step import train_step
 
     job = load_config(args.config, [f"train.device={args.device}", *args.overrides])
     env = init_distributed(args.device)

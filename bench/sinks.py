@@ -25,7 +25,7 @@ from data_pipeline.batching import Batch
 from launch.config import load_config
 from model.config import BOS_ID, EOS_ID
 from trainer.dist import init_distributed
-from trainer.loop import build_engine, optimizer_metrics, train_step
+from trainer.engine import build_engine
 from trainer.metrics import (
     JsonlSink,
     MetricsLogger,
@@ -34,6 +34,7 @@ from trainer.metrics import (
     WandbSink,
     memory_metrics,
 )
+from trainer.step import optimizer_metrics, train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 

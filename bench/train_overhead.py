@@ -5,8 +5,8 @@
         [--windows 5] [--steps 10] [key=value ...]
 
 One process (a world of one). The paperscale side is the trainer's own step: the DeepSpeed
-engine from trainer.loop.build_engine (ZeRO, bf16, accumulation as configured), batches
-streamed by data_pipeline's TokenBatchStream from real shards, trainer.loop.train_step, the
+engine from trainer.engine.build_engine (ZeRO, bf16, accumulation as configured), batches
+streamed by data_pipeline's TokenBatchStream from real shards, trainer.step.train_step, the
 per-step window sums and host-side FLOPs, and every `train.log_every` steps the all-reduce and
 a metrics.jsonl line through MetricsLogger. The bare side is the same Transformer in plain
 PyTorch: fp32 weights under bf16 autocast, torch.optim.AdamW, the same loss normalisation,
@@ -41,15 +41,9 @@ from launch.config import load_config  # noqa: E402
 from model.loss import label_smoothed_loss  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
 from trainer.dist import init_distributed  # noqa: E402
-from trainer.loop import (  # noqa: E402
-    batch_flops,
-    build_engine,
-    resolve_model_config,
-    seed_everything,
-    skipped_counts,
-    train_step,
-)
+from trainer.engine import build_engine, resolve_model_config, seed_everything  # noqa: E402
 from trainer.metrics import JsonlSink, MetricsLogger, Throughput  # noqa: E402
+from trainer.step import batch_flops, skipped_counts, train_step  # noqa: E402
 
 
 def prepare_synthetic(work: Path) -> Path:

@@ -4,7 +4,7 @@
         --config configs/base.yaml [--worlds 1 2] [--bucket-elements N] [key=value ...]
 
 For each world size one `torchrun` starts that many CPU ranks (gloo); each rank builds the real
-DeepSpeed engine (trainer.loop.build_engine) for stages 0, 1, 2 and 3 in turn, runs two
+DeepSpeed engine (trainer.engine.build_engine) for stages 0, 1, 2 and 3 in turn, runs two
 optimizer steps of two micro-batches on random tokens, and after every backward and every
 step sums the storage bytes of the tensors that are alive and were not before the engine was
 built: what the garbage collector tracks plus everything reachable from the engine's optimizer
@@ -97,7 +97,7 @@ def live_storages(*roots: Any) -> dict[int, int]:
 def measure_stage(job: Any, model_cfg: ModelConfig, env: Any, stage: int) -> dict[str, float]:
     """Build the engine for `stage`, train two steps, return the largest new resident bytes."""
     from model.loss import label_smoothed_loss
-    from trainer.loop import build_engine
+    from trainer.engine import build_engine
 
     job.train.zero_stage = stage
     torch.manual_seed(1)

@@ -97,6 +97,23 @@ class Batch:
         return self._map(lambda t: t.pin_memory())
 
 
+def _sorted_by_length(
+    samples: Sequence[Sample], pad_multiple: int, bucket_width: int, rng: np.random.Generator | None
+) -> tuple[list[int], list[int], list[int]]:
+    """Sample indices sorted by (bucket, padded lengths, lengths), shuffled among equals when
+    `rng` is given; with their source and target lengths."""
+    n = len(samples)
+    order = rng.permutation(n) if rng is not None else np.arange(n)
+    s_len = np.fromiter((samples[i].src_len for i in order), dtype=np.int64, count=n)
+    t_len = np.fromiter((samples[i].tgt_len for i in order), dtype=np.int64, count=n)
+    s_pad = np.maximum(-(-s_len // pad_multiple) * pad_multiple, pad_multiple)
+    t_pad = np.maximum(-(-t_len // pad_multiple) * pad_multiple, pad_multiple)
+    bucket = -(-np.maximum(s_pad, t_pad) // bucket_width)
+    # np.lexsort is stable and sorts by its last key first: ties keep the shuffled order.
+    perm = np.lexsort((t_len, s_len, t_pad, s_pad, bucket))
+    return order[perm].tolist(), s_len[perm].tolist(), t_len[perm].tolist()
+
+
 def plan_batches(
     samples: Sequence[Sample],
     *,
@@ -118,14 +135,7 @@ def plan_batches(
     n = len(samples)
     if n == 0:
         return []
-    order = rng.permutation(n) if rng is not None else np.arange(n)
-    s_len = np.fromiter((samples[i].src_len for i in order), dtype=np.int64, count=n)
-    t_len = np.fromiter((samples[i].tgt_len for i in order), dtype=np.int64, count=n)
-    s_pad = np.maximum(-(-s_len // pad_multiple) * pad_multiple, pad_multiple)
-    t_pad = np.maximum(-(-t_len // pad_multiple) * pad_multiple, pad_multiple)
-    bucket = -(-np.maximum(s_pad, t_pad) // bucket_width)
-    # np.lexsort is stable and sorts by its last key first: ties keep the shuffled order.
-    perm = np.lexsort((t_len, s_len, t_pad, s_pad, bucket))
+    order, s_len, t_len = _sorted_by_length(samples, pad_multiple, bucket_width, rng)
     batches: list[list[int]] = []
     cur: list[tuple[int, int, int]] = []  # (index, S, T) of the open batch's rows
     cur_s = cur_t = 0
@@ -139,9 +149,7 @@ def plan_batches(
         cur_s = max((row[1] for row in cur), default=0)
         cur_t = max((row[2] for row in cur), default=0)
 
-    for i, sl, tl in zip(
-        order[perm].tolist(), s_len[perm].tolist(), t_len[perm].tolist(), strict=True
-    ):
+    for i, sl, tl in zip(order, s_len, t_len, strict=True):
         while cur:  # a cut may carry rows over; then the same test again
             s = round_up(max(cur_s, sl), pad_multiple)
             t = round_up(max(cur_t, tl), pad_multiple)

@@ -27,6 +27,11 @@ from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
+TOKENIZER_NAME = "spm.model"  # the sentencepiece model (both languages) of a data dir
+
+
+def tokenizer_path(data_dir: Path) -> Path:
+    return Path(data_dir) / TOKENIZER_NAME
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import tarfile
 from pathlib import Path
+
+from data_pipeline.manifest import MANIFEST_NAME, read_manifest
 
 
 def read_split_text(data_dir: Path, split: str) -> tuple[list[str], list[str]]:
     """(sources, references) of every sample of `split`, in manifest and shard order."""
-    manifest = json.loads((data_dir / "manifest.json").read_text())
+    manifest = read_manifest(data_dir)
     if split not in manifest["splits"]:
-        raise ValueError(f"{data_dir}/manifest.json has no split {split!r}")
+        raise ValueError(f"{data_dir / MANIFEST_NAME} has no split {split!r}")
     sources: list[str] = []
     targets: list[str] = []
     for shard in manifest["splits"][split]["shards"]:

@@ -84,21 +84,26 @@ def train_sentencepiece(
                 minloglevel=2,
             )
         except RuntimeError as exc:
-            msg = str(exc)
-            high = _TOO_HIGH.search(msg)
-            if high:
-                raise ValueError(
-                    f"corpus too small for vocab_size={vocab_size}: sentencepiece allows at most "
-                    f"{high.group(2)} pieces for {', '.join(str(f) for f in files)}"
-                ) from None
-            low = _TOO_LOW.search(msg)
-            if low:
-                raise ValueError(
-                    f"vocab_size={vocab_size} is below the {low.group(2)} distinct characters "
-                    "of the corpus (character_coverage=1.0); raise vocab_size"
-                ) from None
-            raise ValueError(f"sentencepiece training failed: {msg.splitlines()[-1]}") from None
+            raise _training_error(str(exc), vocab_size, files) from None
     return model_prefix.with_suffix(".model")
+
+
+def _training_error(msg: str, vocab_size: int, files: list[Path]) -> ValueError:
+    """sentencepiece's failure as one line: the vocabulary size the corpus allows, if that is
+    what went wrong."""
+    high = _TOO_HIGH.search(msg)
+    if high:
+        return ValueError(
+            f"corpus too small for vocab_size={vocab_size}: sentencepiece allows at most "
+            f"{high.group(2)} pieces for {', '.join(str(f) for f in files)}"
+        )
+    low = _TOO_LOW.search(msg)
+    if low:
+        return ValueError(
+            f"vocab_size={vocab_size} is below the {low.group(2)} distinct characters "
+            "of the corpus (character_coverage=1.0); raise vocab_size"
+        )
+    return ValueError(f"sentencepiece training failed: {msg.splitlines()[-1]}")
 
 
 class Tokenizer:

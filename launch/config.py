@@ -7,7 +7,6 @@ the CLI can print one line and exit 2 before any process group exists.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,16 +105,18 @@ def validate(job: JobConfig) -> None:
 
 def check_data_dir(job: JobConfig) -> dict[str, Any]:
     """The data dir must hold a manifest written by `paperscale prepare`; returns it."""
-    manifest = Path(job.data.dir) / "manifest.json"
-    if not manifest.is_file():
+    from data_pipeline.manifest import MANIFEST_NAME, read_manifest
+
+    data_dir = Path(job.data.dir)
+    if not (data_dir / MANIFEST_NAME).is_file():
         raise ConfigError(
             "data.dir",
-            f"{job.data.dir} has no manifest.json (run `paperscale prepare` first)",
+            f"{job.data.dir} has no {MANIFEST_NAME} (run `paperscale prepare` first)",
         )
     try:
-        return json.loads(manifest.read_text())
+        return read_manifest(data_dir)
     except (OSError, ValueError) as exc:
-        raise ConfigError("data.dir", f"{manifest} is not a valid manifest: {exc}") from None
+        raise ConfigError("data.dir", f"not a valid manifest: {exc}") from None
 
 
 def to_yaml(job: JobConfig) -> str:

@@ -7,46 +7,31 @@ or the file, raised before anything is written into the run dir.
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from launch.config import ConfigError, JobConfig
 from model.config import ModelConfig
+from trainer.run_dir import CheckpointDir, LayoutError, RunDir
 
 # Settings a checkpoint cannot be resumed under another value of (DeepSpeed's files differ).
 FIXED_TRAIN_KEYS = ("precision",)
 
 
-def resume_tag(ckpt_dir: Path) -> str | None:
+def resume_tag(ckpts: CheckpointDir) -> str | None:
     """The tag `latest` names; an error when it names nothing usable."""
-    latest = ckpt_dir / "latest"
-    if not latest.exists():
-        return None
     try:
-        tag = latest.read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("checkpoint", f"{latest} is not readable: {exc}") from None
-    if not tag or "/" in tag or not (ckpt_dir / tag).is_dir():
-        raise ConfigError("checkpoint", f"{latest} names {tag!r}, which is not a checkpoint dir")
-    if not (ckpt_dir / tag / "complete").is_file():
-        raise ConfigError("checkpoint", f"{ckpt_dir / tag} has no 'complete' marker")
-    return tag
+        return ckpts.inspect_latest()
+    except LayoutError as exc:
+        raise ConfigError("checkpoint", str(exc)) from None
 
 
-def saved_meta(tag_dir: Path) -> dict[str, Any]:
-    path = tag_dir / "meta.json"
+def saved_meta(ckpts: CheckpointDir, tag: str) -> dict[str, Any]:
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            "checkpoint", f"{path} is missing or not JSON, so {tag_dir} is not a paperscale "
-            f"checkpoint ({str(exc).splitlines()[0]})"
-        ) from None  # fmt: skip
-    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
-        raise ConfigError("checkpoint", f"{path} does not describe a model")
-    return meta
+        return ckpts.read_meta(tag)
+    except LayoutError as exc:
+        raise ConfigError("checkpoint", str(exc)) from None
 
 
 def check_same_run(job: JobConfig, meta: dict[str, Any], tag: str) -> None:
@@ -102,9 +87,9 @@ def check_files_load(tag_dir: Path) -> None:
 
 def check_resume(job: JobConfig, run_dir: Path) -> None:
     """Raise ConfigError when `run_dir` holds a checkpoint this job cannot resume from."""
-    ckpt_dir = run_dir / "checkpoints"
-    tag = resume_tag(ckpt_dir)
+    ckpts = RunDir(run_dir).checkpoints
+    tag = resume_tag(ckpts)
     if tag is None:
         return
-    check_same_run(job, saved_meta(ckpt_dir / tag), tag)
-    check_files_load(ckpt_dir / tag)
+    check_same_run(job, saved_meta(ckpts, tag), tag)
+    check_files_load(ckpts.tag_dir(tag))

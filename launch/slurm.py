@@ -23,15 +23,57 @@ from typing import Any
 from launch.cluster import ClusterProfile, load_profile, secret_assignment
 from launch.config import ConfigError, JobConfig, check_data_dir, load_config, to_yaml
 from launch.preflight import check_resume
+from trainer.run_dir import RunDir
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SCRIPT_NAME = "job.sbatch"
-RECORD_NAME = "slurm.json"  # the job id of the run's submission, read by `paperscale status`
-LOG_DIR = "logs"
 
 
 class SubmitError(Exception):
     """Slurm refused or could not be reached; `str()` is one line for the user."""
+
+
+def sbatch_directives(
+    job_name: str, run: RunDir, profile: ClusterProfile, workdir: Path
+) -> list[str]:
+    """The #SBATCH arguments: resources from the profile, the log appended to across requeues,
+    requeue on, and USR1 to the batch shell `signal_seconds` before the time limit."""
+    args = [
+        f"--job-name={'_'.join(job_name.split())}",
+        f"--nodes={profile.nodes}",
+        "--ntasks-per-node=1",
+    ]
+    if profile.cpus_per_task:
+        args.append(f"--cpus-per-task={profile.cpus_per_task}")
+    if profile.gpus_per_node:
+        args.append(f"--gpus-per-node={profile.gpus_per_node}")
+    if profile.mem:
+        args.append(f"--mem={profile.mem}")
+    args.append(f"--time={profile.time}")
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(profile, key)
+        if value:
+            args.append(f"--{key}={value}")
+    return [
+        *args,
+        f"--output={run.slurm_log('%j')}",
+        "--open-mode=append",
+        "--requeue",
+        f"--signal=B:USR1@{profile.signal_seconds}",
+        f"--chdir={workdir}",
+        *profile.sbatch_args,
+    ]
+
+
+def node_tasks_line(run: RunDir, profile: ClusterProfile, step: list[str]) -> str:
+    """srun: one task per node, each `launch.slurm_job node` (torchrun with its ranks)."""
+    q = shlex.quote
+    srun = ["srun", f"--nodes={profile.nodes}", f"--ntasks={profile.nodes}"]
+    srun += ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if profile.cpus_per_task:
+        srun.append(f"--cpus-per-task={profile.cpus_per_task}")
+    node = [*map(q, step), "node", "--run-dir", q(str(run.root)), f"--nnodes={profile.nodes}"]
+    node.append(f"--nproc-per-node={profile.ranks_per_node()}")
+    return " ".join([*srun, *node]) + " &"
 
 
 def batch_script(
@@ -41,41 +83,14 @@ def batch_script(
     (checked by `ClusterProfile.problems`) and paths; credentials come from the environment of
     the submitting shell, which sbatch passes on."""
     q = shlex.quote
-    run = str(run_dir)
-    sbatch = [
-        f"--job-name={'_'.join(job_name.split())}",
-        f"--nodes={profile.nodes}",
-        "--ntasks-per-node=1",
-    ]
-    if profile.cpus_per_task:
-        sbatch.append(f"--cpus-per-task={profile.cpus_per_task}")
-    if profile.gpus_per_node:
-        sbatch.append(f"--gpus-per-node={profile.gpus_per_node}")
-    if profile.mem:
-        sbatch.append(f"--mem={profile.mem}")
-    sbatch.append(f"--time={profile.time}")
-    for key in ("partition", "account", "qos", "constraint"):
-        value = getattr(profile, key)
-        if value:
-            sbatch.append(f"--{key}={value}")
-    sbatch += [
-        f"--output={run}/{LOG_DIR}/slurm-%j.out",
-        "--open-mode=append",
-        "--requeue",
-        f"--signal=B:USR1@{profile.signal_seconds}",
-        f"--chdir={workdir}",
-        *profile.sbatch_args,
-    ]
-    srun = ["srun", f"--nodes={profile.nodes}", f"--ntasks={profile.nodes}"]
-    srun += ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]
-    if profile.cpus_per_task:
-        srun.append(f"--cpus-per-task={profile.cpus_per_task}")
+    run = RunDir(run_dir)
     step = [python, "-m", "launch.slurm_job"]
+    on_run = ["--run-dir", q(str(run_dir))]
     lines = [
         "#!/bin/bash",
         f"# Written by `paperscale submit` (cluster profile {profile.name!r}) for the run in",
-        f"# {run}. Submit again with: sbatch {q(str(run_dir / SCRIPT_NAME))}",
-        *(f"#SBATCH {arg}" for arg in sbatch),
+        f"# {run_dir}. Submit again with: sbatch {q(str(run.job_script))}",
+        *(f"#SBATCH {arg}" for arg in sbatch_directives(job_name, run, profile, workdir)),
         "",
         "set -o pipefail",
         "",
@@ -85,59 +100,59 @@ def batch_script(
         "export PYTHONUNBUFFERED=1",
         *profile.setup,
         "",
-        "# c10d rendezvous of torchrun on the first node of the allocation",
-        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
-        "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
-        "export MASTER_ADDR MASTER_PORT",
-        "",
-        "# USR1 (Slurm's warning before the time limit, or `scancel --signal=USR1 --batch`)",
-        "# goes on to the tasks: every rank finishes its step, saves and exits, and the job is",
-        "# requeued. TERM (scancel) ends the job without a requeue.",
-        "step=",
-        "requeue=1",
-        'trap \'[ -n "$step" ] && kill -USR1 "$step" 2>/dev/null\' USR1',
-        'trap \'requeue=0; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null\' TERM',
+        *SCRIPT_SIGNALS,
         "",
         "# A bad config fails the job here, at once, with exit code 2 (and no requeue).",
-        " ".join([*map(q, step), "check", "--run-dir", q(run)]) + " || exit $?",
-        f"rm -f {q(run)}/summary.json",
+        " ".join([*map(q, step), "check", *on_run]) + " || exit $?",
+        f"rm -f {q(str(run.summary))}",
         "",
         "# one task per node: torchrun with --nproc_per_node ranks",
-        " ".join(
-            [
-                *srun,
-                *map(q, step),
-                "node",
-                "--run-dir",
-                q(run),
-                f"--nnodes={profile.nodes}",
-                f"--nproc-per-node={profile.ranks_per_node()}",
-            ]
-        )
-        + " &",
-        "step=$!",
-        'while kill -0 "$step" 2>/dev/null; do wait "$step"; done',
-        'wait "$step"; rc=$?',
-        "",
-        "# torchrun's workers exit 0; the run's summary.json has its exit code: 75 when the",
-        "# ranks saved a checkpoint and stopped on a signal. Then, unless the job is being",
-        "# cancelled, requeue it; the requeued job resumes from that checkpoint.",
-        'if [ "$rc" -eq 0 ]; then',
-        "    " + " ".join([*map(q, step), "outcome", "--run-dir", q(run)]),
-        "    rc=$?",
-        "fi",
-        'if [ "$rc" -eq 75 ] && [ "$requeue" -eq 1 ]; then',
-        '    echo "paperscale: checkpoint saved; requeueing job $SLURM_JOB_ID"',
-        '    scontrol requeue "$SLURM_JOB_ID"',
-        "fi",
-        'exit "$rc"',
-        "",
+        node_tasks_line(run, profile, step),
+        *SCRIPT_WAIT,
+        "    " + " ".join([*map(q, step), "outcome", *on_run]),
+        *SCRIPT_REQUEUE,
     ]
     script = "\n".join(lines)
     bad = [line for line in script.splitlines() if secret_assignment(line)]
     if bad:  # the profile's checks make this unreachable; a script is never written with one
         raise ConfigError("cluster", f"refusing to write a secret into the script: {bad[0]!r}")
     return script
+
+
+SCRIPT_SIGNALS = [
+    "# c10d rendezvous of torchrun on the first node of the allocation",
+    'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+    "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+    "export MASTER_ADDR MASTER_PORT",
+    "",
+    "# USR1 (Slurm's warning before the time limit, or `scancel --signal=USR1 --batch`)",
+    "# goes on to the tasks: every rank finishes its step, saves and exits, and the job is",
+    "# requeued. TERM (scancel) ends the job without a requeue.",
+    "step=",
+    "requeue=1",
+    'trap \'[ -n "$step" ] && kill -USR1 "$step" 2>/dev/null\' USR1',
+    'trap \'requeue=0; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null\' TERM',
+]
+SCRIPT_WAIT = [
+    "step=$!",
+    'while kill -0 "$step" 2>/dev/null; do wait "$step"; done',
+    'wait "$step"; rc=$?',
+    "",
+    "# torchrun's workers exit 0; the run's summary.json has its exit code: 75 when the",
+    "# ranks saved a checkpoint and stopped on a signal. Then, unless the job is being",
+    "# cancelled, requeue it; the requeued job resumes from that checkpoint.",
+    'if [ "$rc" -eq 0 ]; then',
+]
+SCRIPT_REQUEUE = [
+    "    rc=$?",
+    "fi",
+    'if [ "$rc" -eq 75 ] && [ "$requeue" -eq 1 ]; then',
+    '    echo "paperscale: checkpoint saved; requeueing job $SLURM_JOB_ID"',
+    '    scontrol requeue "$SLURM_JOB_ID"',
+    "fi",
+    'exit "$rc"',
+    "",
+]
 
 
 def validate_job(job: JobConfig, profile: ClusterProfile) -> None:
@@ -153,7 +168,8 @@ def validate_job(job: JobConfig, profile: ClusterProfile) -> None:
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / RECORD_NAME
+    """The job id (and more) of the run's submission, read by `paperscale status`."""
+    path = RunDir(run_dir).slurm_record
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -213,9 +229,10 @@ def submit(args: argparse.Namespace) -> int:
                 f"{run_dir} already has job {previous['job_id']} ({state['state']}); "
                 "scancel it or use another --run-dir"
             )
-    (run_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(job))
-    script_path = run_dir / SCRIPT_NAME
+    run = RunDir(run_dir)
+    run.logs.mkdir(parents=True, exist_ok=True)
+    run.config.write_text(to_yaml(job))
+    script_path = run.job_script
     script_path.write_text(script)
     job_id = sbatch(script_path)
     record = {
@@ -224,10 +241,10 @@ def submit(args: argparse.Namespace) -> int:
         "nodes": profile.nodes,
         "procs_per_node": profile.ranks_per_node(),
         "script": str(script_path),
-        "log": str(run_dir / LOG_DIR / f"slurm-{job_id}.out"),
+        "log": str(run.slurm_log(job_id)),
         "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    (run_dir / RECORD_NAME).write_text(json.dumps(record, indent=1))
+    run.slurm_record.write_text(json.dumps(record, indent=1))
     print(json.dumps({"job_id": job_id, "run_dir": str(run_dir), "log": record["log"]}))
     return 0
 

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from trainer.run_dir import RunDir
+
 RESEND_EVERY_S = 2.0
 
 
@@ -49,7 +51,7 @@ def check(run_dir: Path) -> int:
         flush=True,
     )
     try:
-        job = load_config(run_dir / "config.yaml", [f"run.dir={run_dir}"])
+        job = load_config(RunDir(run_dir).config, [f"run.dir={run_dir}"])
         check_data_dir(job)
         check_resume(job, run_dir)
         if job.train.precision == "fp16":
@@ -89,7 +91,7 @@ def torchrun_command(
         "launch.cli",
         "train",
         "--config",
-        str(run_dir / "config.yaml"),
+        str(RunDir(run_dir).config),
         f"run.dir={run_dir}",
     ]
 
@@ -138,7 +140,7 @@ def node(run_dir: Path, nnodes: int, nproc_per_node: int, received: list[int]) -
     from launch.local import child_env, use_cuda
 
     ctx = slurm_context()
-    job = load_config(run_dir / "config.yaml", [f"run.dir={run_dir}"])
+    job = load_config(RunDir(run_dir).config, [f"run.dir={run_dir}"])
     endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     command = torchrun_command(
         sys.executable,
@@ -158,7 +160,7 @@ def node(run_dir: Path, nnodes: int, nproc_per_node: int, received: list[int]) -
 
 
 def outcome(run_dir: Path) -> int:
-    from launch.cli import preempted_exit_code
+    from launch.cmd_train import preempted_exit_code
 
     return preempted_exit_code(run_dir)
 

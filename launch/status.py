@@ -6,17 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a crash mid-write
-    return out
+from trainer.metrics import read_metrics
+from trainer.run_dir import RunDir
 
 
 def last_value(records: list[dict[str, Any]], key: str) -> tuple[int, Any] | None:
@@ -27,12 +18,12 @@ def last_value(records: list[dict[str, Any]], key: str) -> tuple[int, Any] | Non
 
 
 def run_status(run_dir: Path) -> dict[str, Any]:
-    records = read_metrics(run_dir / "metrics.jsonl")
-    latest = run_dir / "checkpoints" / "latest"
+    run = RunDir(run_dir)
+    records = read_metrics(run.metrics)
     status: dict[str, Any] = {
         "run_dir": str(run_dir),
         "last_step": records[-1]["step"] if records else None,
-        "last_checkpoint": latest.read_text().strip() if latest.is_file() else None,
+        "last_checkpoint": run.checkpoints.latest_tag(),
     }
     for key in ("loss", "tokens_per_s", "valid_loss", "bleu"):
         found = last_value(records, key)
@@ -40,24 +31,23 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     first_loss = next((r["loss"] for r in records if r.get("loss") is not None), None)
     status["first_loss"] = first_loss
     for split in ("valid", "test"):
-        path = run_dir / f"eval_{split}.json"
+        path = run.eval_result(split)
         if path.is_file():
             status[f"{split}_eval"] = json.loads(path.read_text())
-    status["precision"] = run_precision(run_dir)
+    status["precision"] = run_precision(run)
     status["slurm"] = slurm_status(run_dir)
     return status
 
 
-def run_precision(run_dir: Path) -> str | None:
+def run_precision(run: RunDir) -> str | None:
     """The precision the run trains in: the run dir's config.yaml names it once training
     started (`auto` before that, or for a run that has not started yet)."""
     from omegaconf import OmegaConf
 
-    path = run_dir / "config.yaml"
-    if not path.is_file():
+    if not run.config.is_file():
         return None
     try:
-        return str(OmegaConf.load(path).train.precision)
+        return str(OmegaConf.load(run.config).train.precision)
     except Exception:  # a config of another version or a damaged file: leave the line out
         return None
 

@@ -20,10 +20,16 @@ from safetensors.torch import load_file, save_file
 
 from model.config import ModelConfig
 from model.transformer import Transformer
-from trainer.checkpoint import META, write_atomic
+from trainer.checkpoint import write_atomic
+from trainer.run_dir import CONFIG, TOKENIZER, CheckpointDir, LayoutError, RunDir
 
 WEIGHTS = "model.safetensors"
 MODEL_JSON = "model.json"
+
+
+def is_export_dir(path: Path) -> bool:
+    """Whether `path` holds an export's weights and model description."""
+    return (path / WEIGHTS).is_file() and (path / MODEL_JSON).is_file()
 
 
 def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
@@ -94,19 +100,19 @@ def write_export(
 ) -> None:
     """Write an export directory; the weights file is renamed into place last."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(spm_model, out_dir / "spm.model")
+    shutil.copyfile(spm_model, out_dir / TOKENIZER)
     write_atomic(out_dir / MODEL_JSON, json.dumps(model_cfg, indent=1))
     from omegaconf import OmegaConf
 
-    write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(config)))
+    write_atomic(out_dir / CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     tmp = out_dir / f".{WEIGHTS}.tmp"
     save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(out_dir / WEIGHTS)
 
 
 def export_checkpoint(tag_dir: Path, out_dir: Path, spm_model: Path) -> Path:
-    """Export one checkpoint directory (as written by trainer.checkpoint.save)."""
-    meta = json.loads((tag_dir / META).read_text())
+    """Export one checkpoint directory (as written by trainer.checkpointer)."""
+    meta = CheckpointDir(tag_dir.parent).read_meta(tag_dir.name)
     write_export(
         out_dir, consolidated_state_dict(tag_dir), meta["model"], meta["config"], spm_model
     )
@@ -166,25 +172,24 @@ def export_run(run_dir: Path, out_dir: Path, *, tag: str | None = None, last: in
 
     Returns the tags used. The sentencepiece model is the run's copy (RUN/spm.model).
     """
-    from trainer.checkpoint import complete_tags, latest_tag
-
-    ckpt_dir = run_dir / "checkpoints"
+    run = RunDir(run_dir)
+    ckpts = run.checkpoints
     if tag is not None:
-        if not (ckpt_dir / tag / "complete").is_file():
-            raise ValueError(f"{ckpt_dir / tag} is not a complete checkpoint")
+        if not ckpts.is_complete(tag):
+            raise ValueError(f"{ckpts.tag_dir(tag)} is not a complete checkpoint")
         tags = [tag]
     else:
-        tags = complete_tags(ckpt_dir)
-        newest = latest_tag(ckpt_dir)
-        if newest is not None:  # never past `latest`: a newer dir could be an unfinished save
-            tags = [t for t in tags if t <= newest]
+        tags = ckpts.exportable_tags()
         if not tags:
-            raise ValueError(f"{ckpt_dir} holds no complete checkpoint")
+            raise ValueError(f"{ckpts.root} holds no complete checkpoint")
         if last > len(tags):
-            raise ValueError(f"--last {last} but {ckpt_dir} holds only {len(tags)} checkpoints")
+            raise ValueError(f"--last {last} but {ckpts.root} holds only {len(tags)} checkpoints")
         tags = tags[-last:]
-    states = [readable_state_dict(ckpt_dir / t) for t in tags]
-    meta = json.loads((ckpt_dir / tags[-1] / META).read_text())
+    states = [readable_state_dict(ckpts.tag_dir(t)) for t in tags]
+    try:
+        meta = ckpts.read_meta(tags[-1])
+    except LayoutError as exc:
+        raise ValueError(str(exc)) from None
     state = states[0] if len(states) == 1 else average_state_dicts(states)
-    write_export(out_dir, state, meta["model"], meta["config"], run_dir / "spm.model")
+    write_export(out_dir, state, meta["model"], meta["config"], run.tokenizer)
     return tags

@@ -13,6 +13,7 @@ from model.config import EOS_ID, PAD_ID
 from model.search import beam_search
 from model.transformer import Transformer
 from trainer.export import load_exported
+from trainer.run_dir import TOKENIZER
 
 
 @dataclass
@@ -24,7 +25,7 @@ class Translator:
     @classmethod
     def load(cls, export_dir: Path, device: str = "cpu") -> Translator:
         dev = torch.device(device)
-        return cls(load_exported(export_dir, dev), Tokenizer(export_dir / "spm.model"), dev)
+        return cls(load_exported(export_dir, dev), Tokenizer(export_dir / TOKENIZER), dev)
 
     def translate(
         self,

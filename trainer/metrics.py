@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 import torch
 
+from trainer.run_dir import RunDir
+
 Warn = Callable[[str], None]
 
 
@@ -197,21 +199,36 @@ class ConsoleSink:
             self.bar.close()
 
 
+Record = dict[str, Any]
+
+
+def read_metrics(path: Path) -> list[Record]:
+    """The records of a metrics.jsonl file (the one reader of that format), skipping a line
+    cut short by a crash mid-write; [] when the file does not exist."""
+    if not path.is_file():
+        return []
+    out: list[Record] = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            out.append(record)
+    return out
+
+
 class JsonlSink:
-    """Appends one JSON object per logged step; on resume, lines past the resumed step are cut
-    so the file continues without duplicated steps."""
+    """Appends one JSON object per logged step; on resume, records past the resumed step are
+    cut so the file continues without duplicated steps."""
 
     name = "jsonl"
 
     def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = path
         if resume_step is not None and path.exists():
-            kept = [
-                line
-                for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
-            ]
-            path.write_text("".join(line + "\n" for line in kept))
+            kept = [r for r in read_metrics(path) if r["step"] <= resume_step]
+            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         self.file = path.open("a")
 
     def write(self, step: int, values: dict[str, float]) -> None:
@@ -285,7 +302,7 @@ class WandbSink:
     ) -> None:
         import wandb
 
-        _ensure_writable_dir(run_dir / "wandb")
+        _ensure_writable_dir(RunDir(run_dir).wandb)
         self.run = wandb.init(
             dir=str(run_dir),
             mode=mode,

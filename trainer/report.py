@@ -5,27 +5,12 @@ crashed run and on any machine that has the run dir.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-Record = dict[str, Any]
-
-
-def read_records(path: Path) -> list[Record]:
-    """The JSON objects of metrics.jsonl, skipping a line cut short by a crash mid-write."""
-    if not path.is_file():
-        return []
-    out: list[Record] = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "step" in record:
-            out.append(record)
-    return out
+from trainer.metrics import Record, read_metrics
+from trainer.run_dir import RunDir
 
 
 def series(records: list[Record], key: str) -> tuple[list[int], list[float]]:
@@ -167,8 +152,9 @@ def summarize(records: list[Record]) -> str:
 
 def write_report(run_dir: Path, out: Path | None = None) -> tuple[Path, str]:
     """Plot RUN/metrics.jsonl into `out` (default RUN/report.png); returns it and the summary."""
-    records = read_records(run_dir / "metrics.jsonl")
+    run = RunDir(run_dir)
+    records = read_metrics(run.metrics)
     if not records:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'} holds no metrics")
-    path = plot_report(records, out or run_dir / "report.png", f"paperscale run: {run_dir.name}")
+        raise ValueError(f"{run.metrics} holds no metrics")
+    path = plot_report(records, out or run.report, f"paperscale run: {run_dir.name}")
     return path, summarize(records)

@@ -68,6 +68,55 @@ def _ddtp_pairs(apt: PrivateApt, log: Callable[[str], None]) -> tuple[list[RawPa
     return pairs, [f.name for f in en_files + de_files]
 
 
+def _gettext_pairs(
+    pre_filtered: Counter[str], log: Callable[[str], None]
+) -> tuple[list[RawPair], list[str]]:
+    """Pairs from the gettext catalogs installed here, and the catalogs' paths."""
+    paths = gettext_catalogs.catalog_paths()
+    pairs = list(gettext_catalogs.catalog_pairs(paths, pre_filtered))
+    log(f"gettext: {len(pairs)} raw pairs from {len(paths)} catalogs")
+    return pairs, [str(p) for p in paths]
+
+
+def source_counts(
+    raw_counts: Counter[str], splits: dict[str, list[RawPair]]
+) -> dict[str, dict[str, int]]:
+    """Per source (e.g. "ding/example"): pairs raw, kept, and in each split."""
+    sources: dict[str, dict[str, int]] = {}
+    for source, n in sorted(raw_counts.items()):
+        sources[source] = {"raw": n, "kept": 0, **dict.fromkeys(SPLITS, 0)}
+    for split in SPLITS:
+        for p in splits[split]:
+            sources[p.source][split] += 1
+            sources[p.source]["kept"] += 1
+    return sources
+
+
+def family_counts(sources: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """The per-source counts summed per family (the part before "/": ding, ddtp, gettext)."""
+    families: dict[str, dict[str, int]] = {}
+    for source, counts in sources.items():
+        fam = families.setdefault(source.split("/", 1)[0], {})
+        for k, v in counts.items():
+            fam[k] = fam.get(k, 0) + v
+    return families
+
+
+def _inputs_record(ding_deb: str, index_files: list[str], catalogs: list[str]) -> dict:
+    return {"ding": ding_deb, "ddtp_indexes": index_files, "gettext_catalogs": len(catalogs)}
+
+
+def _rules_record(rules: FilterRules) -> dict[str, object]:
+    return {
+        "min_words": rules.min_words,
+        "max_words": rules.max_words,
+        "max_char_ratio": rules.max_ratio,
+        "ratio_floor_chars": rules.ratio_floor,
+        "dedup": "exact pair, then one target per source (first wins)",
+        "split": "whole groups (shared en or de string, dictionary line, package)",
+    }
+
+
 def fetch_debian_ende(
     out_dir: Path,
     *,
@@ -99,15 +148,9 @@ def fetch_debian_ende(
         apt.update()
     ding_raw, ding_deb = _ding_pairs(apt, cache, refresh, log)
     ddtp_raw, index_files = _ddtp_pairs(apt, log)
-    raw: list[RawPair] = ding_raw + ddtp_raw
     pre_filtered: Counter[str] = Counter()
-    catalogs: list[str] = []
-    if include_gettext:
-        paths = gettext_catalogs.catalog_paths()
-        catalogs = [str(p) for p in paths]
-        gettext_raw = list(gettext_catalogs.catalog_pairs(paths, pre_filtered))
-        log(f"gettext: {len(gettext_raw)} raw pairs from {len(paths)} catalogs")
-        raw += gettext_raw
+    gettext_raw, catalogs = _gettext_pairs(pre_filtered, log) if include_gettext else ([], [])
+    raw: list[RawPair] = ding_raw + ddtp_raw + gettext_raw
     raw_counts = Counter(p.source for p in raw)
     rules = FilterRules(min_words=min_words, max_words=max_words)
     kept, filtered = clean_pairs(raw, rules)
@@ -116,44 +159,19 @@ def fetch_debian_ende(
     splits = split_pairs(kept, valid_size=valid_size, test_size=test_size, seed=seed)
     for split in SPLITS:
         write_split(out_dir, split, splits[split])
-    sources: dict[str, dict[str, int]] = {}
-    for source, n in sorted(raw_counts.items()):
-        sources[source] = {"raw": n, "kept": 0, **dict.fromkeys(SPLITS, 0)}
-    for split in SPLITS:
-        for p in splits[split]:
-            sources[p.source][split] += 1
-            sources[p.source]["kept"] += 1
-    families: dict[str, dict[str, int]] = {}
-    for source, counts in sources.items():
-        fam = families.setdefault(source.split("/", 1)[0], {})
-        for k, v in counts.items():
-            fam[k] = fam.get(k, 0) + v
+    sources = source_counts(raw_counts, splits)
     stats = {
         "kind": "debian-ende",
         "direction": "en-de",
         "seed": seed,
         "splits": {s: len(splits[s]) for s in SPLITS},
-        "families": families,
+        "families": family_counts(sources),
         "sources": sources,
         "filtered": dict(sorted(filtered.items())),
-        "rules": {
-            "min_words": rules.min_words,
-            "max_words": rules.max_words,
-            "max_char_ratio": rules.max_ratio,
-            "ratio_floor_chars": rules.ratio_floor,
-            "dedup": "exact pair, then one target per source (first wins)",
-            "split": "whole groups (shared en or de string, dictionary line, package)",
-        },
-        "inputs": {
-            "ding": ding_deb,
-            "ddtp_indexes": index_files,
-            "gettext_catalogs": len(catalogs),
-        },
+        "rules": _rules_record(rules),
+        "inputs": _inputs_record(ding_deb, index_files, catalogs),
     }
     (out_dir / "corpus.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
-    log(
-        "wrote "
-        + ", ".join(f"{s} {len(splits[s])}" for s in SPLITS)
-        + f" pairs to {out_dir} in {time.monotonic() - started:.0f}s"
-    )
+    counts = ", ".join(f"{s} {len(splits[s])}" for s in SPLITS)
+    log(f"wrote {counts} pairs to {out_dir} in {time.monotonic() - started:.0f}s")
     return stats

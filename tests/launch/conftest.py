@@ -13,5 +13,9 @@ def data_dir(tmp_path: Path) -> Path:
     """A data dir that passes the launcher's checks (a manifest); nothing to train on."""
     d = tmp_path / "data"
     d.mkdir()
-    (d / "manifest.json").write_text(json.dumps({"version": 1, "splits": {}}))
+    manifest = {
+        "version": 1, "src_lang": "en", "tgt_lang": "de", "vocab_size": 100, "dtype": "uint16",
+        "splits": {"train": {"samples": 0, "shards": []}},
+    }  # fmt: skip
+    (d / "manifest.json").write_text(json.dumps(manifest))
     return d

@@ -9,7 +9,8 @@ import matplotlib.image
 import pytest
 
 from launch.cli import main
-from trainer.report import read_records, summarize, write_report
+from trainer.metrics import read_metrics as read_records
+from trainer.report import summarize, write_report
 
 
 def write_metrics(run_dir: Path, n: int = 40) -> None:

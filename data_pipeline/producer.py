@@ -1,0 +1,253 @@
+"""The producer of one slot: reads its units in windows, cuts token-budget batches, and yields
+each with its position after it. Runs in a DataLoader worker, or in the main process with
+``num_workers == 0``.
+
+A window is shuffled from ``(seed, epoch, unit, window start)``, bucketed by length and cut
+into token-budget batches (data_pipeline/batching.py), whose order is shuffled too. A window
+therefore depends on nothing but its unit and position: the stream of batches of a unit is the
+same whichever slot reads it, which is what makes resuming exact, also on another world size.
+
+Damage: a corrupt or truncated shard is skipped from the point of damage; the samples it did
+not deliver (counted against the manifest's per-shard count) go to ``samples_skipped_corrupt``
+and the shard is named in ``bad_shards`` and in a warning. A malformed sample (bad id bytes,
+ids beyond the vocabulary) is skipped and counted the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from data_pipeline.batching import Batch, Sample, collate, plan_batches
+from data_pipeline.dealing import Unit, slot_plan, unit_key
+from data_pipeline.position import Counters, EpochProgress, Progress, WorkerPosition
+from data_pipeline.shards import RawSample, ShardReadError, decode_sample, iter_shard
+
+log = logging.getLogger("data_pipeline.loader")
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """Loader workers leave USR1 (preemption: Slurm may send it to every process of a job
+    step) and Ctrl-C's INT (sent to the whole process group) to their rank, which finishes its
+    step and saves.  TERM keeps its default: the DataLoader and multiprocessing end a worker
+    that is blocked on a full queue with it, and a worker ignoring it would hang the exit."""
+    for sig in (signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@dataclass
+class Item:
+    """What a producer yields: its worker id, its position after this item, maybe a batch."""
+
+    worker: int
+    pos: WorkerPosition
+    batch: Batch | None
+
+    def pin_memory(self) -> Item:
+        """Called by the DataLoader's pinning thread (``pin_memory=True``)."""
+        return Item(self.worker, self.pos, self.batch.pin_memory() if self.batch else None)
+
+
+@dataclass
+class ProducerContext:
+    """Everything a producer needs (picklable; shipped to DataLoader workers)."""
+
+    data_dir: str
+    split: str
+    shards: list[dict[str, Any]]  # manifest entries: name, samples
+    dtype: str
+    vocab_size: int
+    max_tokens: int
+    max_len: int
+    pad_multiple: int
+    bucket_width: int
+    batch_multiple: int
+    window: int
+    shuffle: bool
+    skip_long: bool
+    seed: int
+    n_slots: int
+    slot0: int  # first slot of this rank: rank * workers
+    end_epoch: int | None  # exclusive; None = endless
+    base: Progress = field(default_factory=dict)  # merged progress of a world-size change
+
+
+@dataclass
+class Damage:
+    """What a damaged shard did not deliver, found while reading one unit."""
+
+    shard: str = ""
+    lost: int = 0
+    error: str = ""
+
+
+def _unit_expected(ctx: ProducerContext, u: Unit) -> int:
+    n = ctx.shards[u[0]]["samples"]
+    return len(range(u[1], n, u[2]))
+
+
+def read_unit(
+    ctx: ProducerContext, u: Unit, start: int, damage: Damage
+) -> Iterator[tuple[int, list[RawSample]]]:
+    """Windows ``(window start, raw samples)`` of a unit from sample offset ``start`` on.
+
+    On damage the partial window is still yielded, and `damage` says what was lost.
+    """
+    shard = ctx.shards[u[0]]
+    k, window, ws, error = 0, [], start, ""  # k: unit samples read so far
+    try:
+        # Unit sample number `start` is raw sample `part + start * parts`: seek up to it.
+        for raw in iter_shard(Path(ctx.data_dir) / shard["name"], skip_before=u[1] + start * u[2]):
+            if raw.index % u[2] != u[1]:
+                continue
+            k += 1
+            if k <= start:
+                continue
+            window.append(raw)
+            if len(window) == ctx.window:
+                yield ws, window
+                ws, window = ws + len(window), []
+    except ShardReadError as exc:
+        error = str(exc)
+    except FileNotFoundError:
+        error = f"{shard['name']}: missing"
+    expected = _unit_expected(ctx, u)
+    if not error and k < expected:
+        error = f"{shard['name']}: truncated ({k} of {expected} samples)"
+    if error:
+        damage.shard, damage.lost, damage.error = shard["name"], expected - max(k, start), error
+    if window or error:
+        yield ws, window
+
+
+def decode_window(
+    ctx: ProducerContext, raws: list[RawSample], pending: Counters, count: bool
+) -> list[Sample]:
+    """The usable samples of a window; malformed and (on train) too long ones are skipped and,
+    when `count`, counted in `pending`."""
+    samples: list[Sample] = []
+    for raw in raws:
+        try:
+            src, tgt = decode_sample(raw, ctx.dtype, ctx.vocab_size)
+        except ValueError:
+            pending.samples_skipped_corrupt += int(count)
+            continue
+        sample = Sample(
+            raw.key,
+            src,
+            tgt,
+            raw.parts.get("src.txt", b"").decode("utf-8", "replace"),
+            raw.parts.get("tgt.txt", b"").decode("utf-8", "replace"),
+        )
+        if ctx.skip_long and max(sample.src_len, sample.tgt_len) > ctx.max_len:
+            pending.samples_skipped_long += int(count)
+            continue
+        samples.append(sample)
+    return samples
+
+
+def window_batches(
+    ctx: ProducerContext, samples: list[Sample], epoch: int, u: Unit, ws: int
+) -> list[list[int]]:
+    """The window cut into batches (indices into `samples`), shuffled from its identity."""
+    rng = np.random.default_rng([ctx.seed, epoch, *u, ws]) if ctx.shuffle else None
+    return plan_batches(
+        samples,
+        max_tokens=ctx.max_tokens,
+        pad_multiple=ctx.pad_multiple,
+        bucket_width=ctx.bucket_width,
+        rng=rng,
+        batch_multiple=ctx.batch_multiple,
+    )
+
+
+class _Producer:
+    """One slot's producer from a position on; `items()` yields what the module describes."""
+
+    def __init__(self, ctx: ProducerContext, worker: int, slot: int, pos: WorkerPosition) -> None:
+        self.ctx, self.worker, self.slot = ctx, worker, slot
+        self.pos = pos.copy()
+        self.pending = Counters()  # window statistics not yet delivered with a batch
+
+    def flush(self) -> None:
+        self.pos.counters.add(self.pending)
+        self.pending = Counters()
+
+    def items(self) -> Iterator[Item]:
+        ctx, pos = self.ctx, self.pos
+        while ctx.end_epoch is None or pos.epoch < ctx.end_epoch:
+            epoch, base = pos.epoch, ctx.base.get(pos.epoch)
+            done = base.done if base else frozenset()
+            plan = slot_plan(len(ctx.shards), ctx.n_slots, self.slot, ctx.seed, epoch,
+                             ctx.shuffle, done)  # fmt: skip
+            fresh = pos.unit_index == 0 and not pos.started  # a whole epoch ahead
+            produced = 0
+            while pos.unit_index < len(plan):
+                for item in self.unit_items(plan[pos.unit_index], base):
+                    produced += 1
+                    yield item
+                pos.next_unit()
+            pos.next_epoch()
+            if ctx.end_epoch is None and fresh and base is None and produced == 0:
+                # Endless and a whole epoch gave nothing (e.g. every pair too long): stop.
+                log.warning("data %s: slot %d produced no batch in epoch %d; stopping it",
+                            ctx.split, self.slot, epoch)  # fmt: skip
+                break
+        self.flush()
+        yield Item(self.worker, pos.copy(), None)
+
+    def unit_items(self, u: Unit, base: EpochProgress | None) -> Iterator[Item]:
+        """The batches of unit `u` from the position on (or from the merged progress)."""
+        ctx, pos = self.ctx, self.pos
+        if not pos.started:
+            partial = base.partial if base else {}
+            pos.window_start, pos.batches_done = partial.get(unit_key(u), (0, 0))
+        damage = Damage()
+        for ws, raws in read_unit(ctx, u, pos.window_start, damage):
+            count = pos.batches_done == 0  # else counted when this window was first built
+            samples = decode_window(ctx, raws, self.pending, count)
+            if damage.shard and count:
+                self.pending.samples_skipped_corrupt += damage.lost
+                self.pending.bad_shards.append(damage.shard)
+                log.warning("data %s: skipping the rest of %s (%d samples lost)",
+                            ctx.split, damage.error, damage.lost)  # fmt: skip
+            groups = window_batches(ctx, samples, pos.epoch, u, ws)
+            for j in range(pos.batches_done, len(groups)):
+                batch = collate([samples[i] for i in groups[j]], ctx.pad_multiple)
+                self.flush()
+                pos.counters.samples_seen += len(batch)
+                pos.counters.batches += 1
+                pos.window_start, pos.batches_done = ws, j + 1
+                yield Item(self.worker, pos.copy(), batch)
+            pos.window_start, pos.batches_done = ws + len(raws), 0
+
+
+def produce(ctx: ProducerContext, worker: int, slot: int, pos: WorkerPosition) -> Iterator[Item]:
+    """The items of one producer slot from `pos` on; the last one has no batch and carries
+    the position at the end (with the counters of windows that yielded nothing)."""
+    return _Producer(ctx, worker, slot, pos).items()
+
+
+class WorkerDataset(IterableDataset):
+    """Runs logical worker ``(worker id + rotation) % workers`` in each DataLoader worker."""
+
+    def __init__(
+        self, ctx: ProducerContext, positions: list[WorkerPosition], rotation: int
+    ) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.positions = positions
+        self.rotation = rotation
+
+    def __iter__(self) -> Iterator[Item]:
+        info = get_worker_info()
+        n = len(self.positions)
+        worker = ((info.id if info is not None else 0) + self.rotation) % n
+        return produce(self.ctx, worker, self.ctx.slot0 + worker, self.positions[worker])

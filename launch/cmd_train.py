@@ -1,0 +1,97 @@
+"""`paperscale train` (local: this process or torchrun) and `paperscale submit` (Slurm)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from data_pipeline.manifest import tokenizer_path
+from launch.config import ConfigError, JobConfig
+from launch.usage import die
+from trainer.run_dir import RunDir
+
+
+def load_train_job(args: argparse.Namespace) -> JobConfig:
+    """The job as `train` runs it; every problem is a ConfigError before anything starts."""
+    from launch.config import check_data_dir, load_config
+    from launch.local import inside_torchrun, use_cuda
+
+    job = load_config(args.config, args.overrides)
+    if args.run_dir:
+        job.run.dir = args.run_dir
+    if args.nproc < 1:
+        raise ConfigError("--nproc", f"must be >= 1, got {args.nproc}")
+    check_data_dir(job)
+    if job.train.precision == "fp16" and not use_cuda(job.train.device):
+        raise ConfigError(
+            "train.precision",
+            "fp16 needs a GPU (DeepSpeed's CPU accelerator refuses it); use auto or fp32",
+        )
+    job.run.dir = str(job.run_dir().resolve())
+    if not inside_torchrun():
+        from launch.preflight import check_resume
+
+        check_resume(job, Path(job.run.dir))
+    return job
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from launch.config import to_dict, to_yaml
+    from launch.local import inside_torchrun, run_torchrun, use_cuda
+    from trainer.checkpoint import write_atomic
+
+    job = load_train_job(args)
+    run = RunDir(Path(job.run.dir))
+    is_main = os.environ.get("RANK", "0") == "0"
+    if is_main:
+        run.root.mkdir(parents=True, exist_ok=True)
+        write_atomic(run.config, to_yaml(job))
+        shutil.copyfile(tokenizer_path(Path(job.data.dir)), run.tokenizer)
+    if not inside_torchrun() and args.nproc > 1:
+        run.summary.unlink(missing_ok=True)
+        code = run_torchrun(args.nproc, run.config, run.root, use_cuda(job.train.device))
+        return code or preempted_exit_code(run.root)
+
+    from trainer.loop import PrecisionError, train
+
+    try:
+        summary = train(job, run.root, to_dict(job))
+    except PrecisionError as exc:
+        raise ConfigError("train.precision", str(exc)) from None
+    if is_main:
+        write_atomic(run.summary, json.dumps(summary, indent=1))
+        print("summary: " + json.dumps(summary), flush=True)
+    # Under torchrun a worker's non-zero exit makes torchrun kill the other workers, maybe
+    # before they finished saving: workers exit 0 and the launcher reads summary.json.
+    return 0 if inside_torchrun() else exit_code_of(summary)
+
+
+def exit_code_of(summary: dict[str, Any] | None) -> int:
+    """The code of a run that stopped on an error (non-finite loss, a checkpoint that could
+    not be written), EXIT_PREEMPTED when it stopped on a signal after saving, else 0."""
+    from trainer.signals import EXIT_PREEMPTED
+
+    if not summary:
+        return 0
+    if summary.get("exit_code"):
+        return int(summary["exit_code"])
+    return EXIT_PREEMPTED if summary.get("preempted") else 0
+
+
+def preempted_exit_code(run_dir: Path) -> int:
+    """The exit code summary.json gives the workers' run (they themselves exit 0), so that
+    scripts and schedulers can tell a finished, a preempted and a failed run apart."""
+    return exit_code_of(RunDir(run_dir).read_summary())
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from launch.slurm import SubmitError, submit
+
+    try:
+        return submit(args)
+    except SubmitError as exc:
+        return die(str(exc))

@@ -1,0 +1,175 @@
+"""The checkpoint manager on a real DeepSpeed engine in this process (a world of one, gloo):
+save -> change everything -> restore gives back the weights, the optimizer, the train state,
+the data position and the RNG; retention; a failed write leaves `latest` alone; observers."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from launch.config import load_config
+from model.config import ModelConfig
+from model.loss import label_smoothed_loss
+from trainer.checkpoint import CheckpointError
+from trainer.checkpointer import CheckpointManager
+from trainer.dist import DistEnv
+from trainer.engine import build_engine
+from trainer.run_dir import RunDir
+from trainer.state import RngState, TrainState
+
+TINY = [
+    "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.encoder_layers=1",
+    "model.decoder_layers=1", "model.vocab_size=32", "train.zero_stage=2",
+    "train.precision=fp32", "optim.lr=0.01", "optim.warmup_steps=2",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[DistEnv]:
+    saved = dict(os.environ)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29631"})
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    yield DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+class Position:
+    """A per-rank state standing in for the data stream's position."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.loaded: list[Any] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value}
+
+    def load_rank_states(self, states: list[dict[str, Any]], rank: int, world_size: int) -> None:
+        self.loaded = states
+        self.value = states[rank]["value"]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def save_started(self, step: int) -> None:
+        self.events.append(("start", step))
+
+    def file_written(self, step: int) -> None:
+        self.events.append(("file", step))
+
+
+def make(env: DistEnv, tmp_path: Path, keep_last: int = 2) -> tuple[Any, CheckpointManager]:
+    job = load_config(None, TINY)
+    cfg = ModelConfig(**job.model.__dict__)
+    torch.manual_seed(0)
+    engine = build_engine(job, cfg, env)
+    manager = CheckpointManager(
+        RunDir(tmp_path).checkpoints, engine, 0, 1, TrainState(wandb_id="w1"),
+        {"data": Position(), "rng": RngState()}, keep_last=keep_last,
+        meta={"model": cfg.__dict__, "config": {"train": {"precision": "fp32"}}},
+        precision="fp32", observers=[Recorder()],
+    )  # fmt: skip
+    return engine, manager
+
+
+def train_one_step(engine: Any) -> None:
+    src = torch.randint(4, 32, (4, 6))  # (B, S)
+    tgt = torch.randint(4, 32, (4, 7))  # (B, T + 1)
+    loss, _, n = label_smoothed_loss(engine(src, tgt[:, :-1]), tgt[:, 1:], 0.1)
+    engine.backward(loss / n)
+    engine.step()
+
+
+def weights(engine: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+
+
+def test_save_then_restore_gives_back_every_state(env: DistEnv, tmp_path: Path) -> None:
+    engine, manager = make(env, tmp_path)
+    train_one_step(engine)
+    manager.train_state.step, manager.train_state.tokens_seen = 1, 99
+    manager.per_rank["data"].value = 42  # type: ignore[attr-defined]
+    tag = manager.save(1)
+    saved_weights, saved_rng = weights(engine), torch.get_rng_state()
+    ckpts = manager.ckpts
+    assert ckpts.latest_tag() == tag and ckpts.is_complete(tag)
+    assert ckpts.read_meta(tag)["config"]["train"]["precision"] == "fp32"
+    observed = manager.observers[0].events  # type: ignore[attr-defined]
+    assert observed[0] == ("start", 1) and observed.count(("file", 1)) >= 4
+
+    train_one_step(engine)  # move everything on
+    manager.train_state.step = 2
+    manager.per_rank["data"].value = 7  # type: ignore[attr-defined]
+    torch.rand(5)
+    assert any(not torch.equal(saved_weights[k], v) for k, v in weights(engine).items())
+
+    manager.restore(tag)
+    assert all(torch.equal(saved_weights[k], v) for k, v in weights(engine).items())
+    assert (manager.train_state.step, manager.train_state.tokens_seen) == (1, 99)
+    assert manager.train_state.wandb_id == "w1"
+    assert manager.per_rank["data"].value == 42  # type: ignore[attr-defined]
+    assert torch.equal(torch.get_rng_state(), saved_rng)
+    # the restored optimizer continues like the saved one: one more step from both is equal
+    torch.manual_seed(5)
+    train_one_step(engine)
+    after_restore = weights(engine)
+    manager.restore(tag)
+    torch.manual_seed(5)
+    train_one_step(engine)
+    assert all(torch.equal(after_restore[k], v) for k, v in weights(engine).items())
+
+
+def test_keeps_the_last_n_complete_checkpoints(env: DistEnv, tmp_path: Path) -> None:
+    engine, manager = make(env, tmp_path, keep_last=2)
+    for step in (1, 2, 3):
+        train_one_step(engine)
+        manager.save(step)
+    assert manager.ckpts.complete_tags() == ["step_00000002", "step_00000003"]
+    assert manager.ckpts.latest_tag() == "step_00000003"
+
+
+def test_a_failed_write_keeps_latest_and_removes_the_partial_save(
+    env: DistEnv, tmp_path: Path
+) -> None:
+    engine, manager = make(env, tmp_path)
+    train_one_step(engine)
+    manager.save(1)
+
+    def full_disk(state_dict: Any, path: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    original = engine.checkpoint_engine.save
+    engine.checkpoint_engine.save = full_disk
+    try:
+        with pytest.raises(CheckpointError, match="No space left on device") as err:
+            manager.save(2)
+    finally:
+        engine.checkpoint_engine.save = original
+    assert "the last complete checkpoint is step_00000001" in str(err.value)
+    assert manager.ckpts.latest_tag() == "step_00000001"
+    assert not manager.ckpts.tag_dir("step_00000002").exists()
+    manager.save(2)  # the same step saves once the disk has room again
+    assert manager.ckpts.latest_tag() == "step_00000002"
+
+
+def test_refuses_to_start_a_save_without_room(env: DistEnv, tmp_path: Path) -> None:
+    _, manager = make(env, tmp_path)
+    manager.n_params = 10**15  # a checkpoint no disk holds
+    with pytest.raises(CheckpointError, match="not saving checkpoint step_00000001: it needs"):
+        manager.save(1)
+    assert manager.ckpts.latest_tag() is None
+    assert manager.observers[0].events == []  # type: ignore[attr-defined]

@@ -1,0 +1,84 @@
+"""The model inside a DeepSpeed engine: seeding, the model config, the engine itself."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from data_pipeline.config import DataConfig
+from data_pipeline.tokenizer import Tokenizer
+from model.config import ModelConfig
+from model.transformer import Transformer
+from trainer.config import LoggingConfig, OptimConfig, TrainConfig
+from trainer.dist import DistEnv
+from trainer.ds_config import build_ds_config
+from trainer.schedule import build_scheduler
+
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class Job(Protocol):
+    """What the trainer needs of a job's configuration (launch.config.JobConfig has it)."""
+
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig
+    train: TrainConfig
+    logging: LoggingConfig
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_model_config(model_cfg: ModelConfig, tokenizer: Tokenizer) -> ModelConfig:
+    """Fill vocab_size from the tokenizer, or insist that both agree."""
+    if model_cfg.vocab_size is None:
+        return ModelConfig(**{**model_cfg.__dict__, "vocab_size": tokenizer.vocab_size})
+    if model_cfg.vocab_size != tokenizer.vocab_size:
+        raise ValueError(
+            f"model.vocab_size={model_cfg.vocab_size} but the data's tokenizer has "
+            f"{tokenizer.vocab_size} pieces"
+        )
+    return model_cfg
+
+
+def build_engine(
+    job: Job, model_cfg: ModelConfig, env: DistEnv, load_universal: bool = False
+) -> Any:
+    """The model inside a DeepSpeed engine with Adam and the inverse-sqrt client scheduler."""
+    import deepspeed
+
+    model = Transformer(model_cfg)
+    model.set_activation_checkpointing(job.train.activation_checkpointing)
+    optimizer = torch.optim.Adam(
+        model.parameters(),
+        lr=1.0,
+        betas=(job.optim.beta1, job.optim.beta2),
+        eps=job.optim.eps,
+        weight_decay=job.optim.weight_decay,
+    )
+    scheduler = build_scheduler(
+        optimizer,
+        d_model=model_cfg.d_model,
+        warmup_steps=job.optim.warmup_steps,
+        lr=job.optim.lr,
+        warmup_init_lr=job.optim.warmup_init_lr,
+    )
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=build_ds_config(job.train, job.optim, env.world_size, load_universal),
+    )
+    if job.train.compile:
+        # nn.Module.compile in place: parameter names, and so checkpoints, stay the same.
+        # Shapes vary from batch to batch; torch.compile marks them dynamic after the first
+        # recompilation instead of compiling one graph per shape.
+        engine.compile(compile_kwargs={"mode": job.train.compile_mode})
+    return engine

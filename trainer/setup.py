@@ -1,0 +1,135 @@
+"""What a run settles before its first step: the precision every rank trains in, the
+accumulation when resuming on another number of ranks, and the peak FLOP/s for MFU.
+
+Each returns new values (a new job, a new resolved config) rather than changing its inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from data_pipeline.manifest import tokenizer_path
+from data_pipeline.tokenizer import Tokenizer
+from model.config import ModelConfig
+from trainer.checkpoint import accumulation_for, ensure_universal
+from trainer.checkpointer import saved_setting
+from trainer.dist import DistEnv
+from trainer.engine import PRECISION_DTYPES, Job, resolve_model_config
+from trainer.flops import peak_flops
+from trainer.metrics import stderr_warn
+from trainer.precision import PrecisionChoice, resolve_precision, slow_bf16_warning
+from trainer.run_dir import RunDir
+
+
+class PrecisionError(ValueError):
+    """The checkpoint's precision cannot run on this machine (e.g. fp16 without a GPU)."""
+
+
+@dataclass(frozen=True)
+class SettledJob:
+    """The job as this run trains it, and what was decided to get there."""
+
+    job: Job
+    resolved: dict[str, Any]  # the resolved config, as config.yaml and checkpoints hold it
+    model_cfg: ModelConfig
+    tokenizer: Tokenizer
+    tag: str | None  # the checkpoint resumed from
+    universal: bool  # resumed on another number of ranks (a universal checkpoint)
+    precision: PrecisionChoice
+
+
+def with_train(job: Job, resolved: dict[str, Any], **changes: Any) -> tuple[Job, dict[str, Any]]:
+    """A copy of the job and of its resolved config with `train.<key>` values changed."""
+    new_resolved = copy.deepcopy(resolved)
+    new_resolved["train"].update(changes)
+    new_job = dataclasses.replace(job, train=dataclasses.replace(job.train, **changes))  # type: ignore[type-var]
+    return new_job, new_resolved
+
+
+def agree_on_precision(
+    job: Job, env: DistEnv, model_cfg: ModelConfig, saved: str | None
+) -> PrecisionChoice:
+    """Resolve `train.precision` on rank 0 (its probe measures alone) and hand the answer to
+    every rank, so that all train in the same precision; rank 0 states it in one line."""
+    requested = job.train.precision
+    answer: list[Any] = [None, None]
+    if env.is_main:
+        try:
+            choice = resolve_precision(
+                requested, env.device.type, model_cfg.d_model, model_cfg.d_ff, saved
+            )
+            answer = [choice, None]
+            if requested == "auto":
+                print(choice.line(), flush=True)
+            elif requested == "bf16":
+                warning = slow_bf16_warning(env.device.type, model_cfg.d_model, model_cfg.d_ff)
+                if warning:
+                    stderr_warn(warning)
+        except ValueError as exc:
+            answer = [None, str(exc)]
+    dist.broadcast_object_list(answer, src=0)
+    if answer[1] is not None:
+        raise PrecisionError(answer[1])
+    return answer[0]
+
+
+def world_size_accumulation(run: RunDir, tag: str, env: DistEnv) -> int:
+    """Resuming on another number of ranks: the accumulation that keeps the saved run's global
+    batch; rank 0 converts the checkpoint to DeepSpeed's universal format."""
+    ckpts = run.checkpoints
+    old_world = ckpts.saved_world_size(tag)
+    old_accum = int(saved_setting(ckpts, tag, "train", "grad_accum"))
+    accum = accumulation_for(old_accum, old_world, env.world_size)
+    if env.is_main:
+        print(
+            f"checkpoint {tag} was saved on {old_world} ranks; continuing on "
+            f"{env.world_size} with grad_accum {accum} (was {old_accum}) to keep the global "
+            "batch",
+            flush=True,
+        )
+        ensure_universal(ckpts, tag)
+    dist.barrier()
+    return accum
+
+
+def settle_job(job: Job, run: RunDir, resolved: dict[str, Any], env: DistEnv) -> SettledJob:
+    """The precision and accumulation this run trains with; rank 0 writes them into the run
+    dir's config.yaml, which thereby names what the run trains in."""
+    tokenizer = Tokenizer(tokenizer_path(Path(job.data.dir)))
+    model_cfg = resolve_model_config(job.model, tokenizer)
+    ckpts = run.checkpoints
+    tag = ckpts.latest_tag()
+    saved = None if tag is None else saved_setting(ckpts, tag, "train", "precision")
+    choice = agree_on_precision(job, env, model_cfg, saved)
+    job, resolved = with_train(job, resolved, precision=choice.precision)
+    universal = tag is not None and ckpts.saved_world_size(tag) != env.world_size
+    if universal:
+        assert tag is not None
+        job, resolved = with_train(job, resolved, grad_accum=world_size_accumulation(run, tag, env))
+    if env.is_main:
+        from omegaconf import OmegaConf
+
+        from trainer.checkpoint import write_atomic
+
+        write_atomic(run.config, OmegaConf.to_yaml(OmegaConf.create(resolved)))
+    return SettledJob(job, resolved, model_cfg, tokenizer, tag, universal, choice)
+
+
+def cluster_peak_flops(
+    env: DistEnv, precision: str, model_cfg: ModelConfig, rows: int
+) -> float | None:
+    """Peak FLOP/s of all ranks together, for MFU: each rank measures (CPU) or looks up (GPU)
+    its own at the same time as the others, since ranks of one machine share its cores."""
+    dist.barrier()
+    own = peak_flops(env.device, PRECISION_DTYPES[precision], model_cfg, rows)
+    total = torch.tensor([own or 0.0, 0.0 if own else 1.0], dtype=torch.float64)
+    total = total.to(env.device)
+    dist.all_reduce(total)
+    return float(total[0]) if float(total[1]) == 0 else None

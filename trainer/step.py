@@ -1,0 +1,100 @@
+"""One optimizer step and the figures it reports (host-side FLOPs, optimizer state)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from data_pipeline.loader import Batch, TokenBatchStream
+from model.config import ModelConfig
+from model.loss import label_smoothed_loss
+from trainer.dist import DistEnv
+from trainer.flops import step_flops
+
+
+def train_step(
+    engine: Any, batches: list[Batch], env: DistEnv, epsilon: float, flags: list[bool]
+) -> tuple[torch.Tensor, list[bool]]:
+    """One optimizer step over `batches` (the accumulation micro-batches of this rank).
+
+    The gradient is that of (sum of token losses over all ranks and micro-batches) / (target
+    tokens of the whole step), as in fairseq; DeepSpeed averages over ranks and divides by the
+    accumulation count, which the factor `world * accum / tokens` undoes. The one all-reduce
+    that counts the step's tokens also carries this rank's `flags` (a stop request, a save due
+    by the clock), so every rank acts on them at the same step.
+    Returns this rank's summed (loss, nll, target tokens, source tokens), on device, and
+    each flag OR-ed over the ranks.
+    """
+    counts = torch.tensor(
+        [sum(b.n_tgt_tokens for b in batches), *map(float, flags)],
+        dtype=torch.float64,
+        device=env.device,
+    )
+    dist.all_reduce(counts)
+    global_tokens, *reduced = counts.tolist()
+    factor = env.world_size * len(batches) / max(global_tokens, 1.0)
+    sums = torch.zeros(4, dtype=torch.float64, device=env.device)
+    for batch in batches:
+        batch = batch.to(env.device, non_blocking=True)
+        logits = engine(batch.src, batch.tgt_in)  # (B, T, V)
+        loss, nll, ntok = label_smoothed_loss(logits, batch.tgt_out, epsilon)
+        engine.backward(loss * factor)
+        engine.step()
+        sums += torch.stack(
+            [
+                loss.detach().double(),
+                nll.detach().double(),
+                ntok.detach().double(),
+                torch.tensor(float(batch.n_src_tokens), dtype=torch.float64, device=env.device),
+            ]
+        )
+    return sums, [flag > 0 for flag in reduced]
+
+
+def loss_finite_everywhere(sums: torch.Tensor, env: DistEnv) -> bool:
+    """Whether the step's loss (`sums[0]`, this rank's) is finite on every rank."""
+    bad = (~torch.isfinite(sums[:1])).double()
+    dist.all_reduce(bad)
+    return bool(bad.item() == 0)
+
+
+def batch_flops(model_cfg: ModelConfig, batches: list[Batch]) -> float:
+    """Training FLOPs of this rank's micro-batches, from host-side shapes (no device sync)."""
+    return sum(
+        step_flops(
+            model_cfg,
+            b.n_src_tokens,
+            b.n_tgt_tokens,
+            int(b.src.shape[1]),
+            int(b.tgt_out.shape[1]),
+        )
+        for b in batches
+    )
+
+
+def optimizer_metrics(engine: Any, precision: str) -> dict[str, float]:
+    """Gradient norm of the step just taken and, under fp16, the dynamic loss scale.
+
+    DeepSpeed returns None for the norm where its optimizer does not compute one; then the
+    key is left out (it is for the whole run, since that depends on the stage only).
+    """
+    out: dict[str, float] = {}
+    norm = engine.get_global_grad_norm()
+    if norm is not None:
+        out["grad_norm"] = float(norm)
+    if precision == "fp16":
+        opt = engine.optimizer
+        scale = getattr(opt, "cur_scale", None) or getattr(opt, "loss_scale", None)
+        if scale is not None:
+            out["loss_scale"] = float(scale)
+        # optimizer steps skipped because of fp16 overflow, since the start of this process
+        out["overflow_skipped_steps"] = float(getattr(engine, "skipped_steps", 0))
+    return out
+
+
+def skipped_counts(stream: TokenBatchStream) -> list[float]:
+    """This rank's cumulative (too long, corrupt) skipped-sample counters."""
+    stats = stream.stats()
+    return [float(stats["samples_skipped_long"]), float(stats["samples_skipped_corrupt"])]
