@@ -69,7 +69,7 @@ def timed_block(
     """Mean seconds per step over `batches`, logging a full record after every step."""
     start = time.perf_counter()
     for i, batch in enumerate(batches):
-        sums, _ = train_step(engine, [batch], env, 0.1)
+        sums, _ = train_step(engine, [batch], env, 0.1, [False])
         torch.distributed.all_reduce(sums)
         loss_sum, _nll, tgt, src = sums.tolist()
         record = {

@@ -79,6 +79,15 @@ class Batch:
     n_src_tokens: int = 0
     n_tgt_tokens: int = 0
 
+    @property
+    def src_padded(self) -> bool:
+        """Whether any source row holds padding (known on the host: no device sync)."""
+        return self.n_src_tokens < self.src.shape[0] * self.src.shape[1]
+
+    @property
+    def tgt_padded(self) -> bool:
+        return self.n_tgt_tokens < self.tgt_out.shape[0] * self.tgt_out.shape[1]
+
     def __len__(self) -> int:
         return int(self.src.shape[0])
 

@@ -45,16 +45,24 @@ class KVCache:
 
 
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d_k)) v for (..., Tq, Dk) queries and (..., Tk, Dk) keys/values.
 
     A thin wrapper over torch's fused kernel, so that one function is the single definition of
     attention used by the model and by the tests of the lecture's worked examples.
     `attn_mask` is boolean, True = may attend; every query row must allow at least one key
-    (`build_attn_mask` guarantees it), otherwise the softmax of that row is NaN.
+    (`build_attn_mask` guarantees it), otherwise the softmax of that row is NaN. `is_causal`
+    (without a mask) lets query i see keys 0..i: the one form the flash kernel takes.
     """
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+    )
 
 
 def build_attn_mask(
@@ -123,9 +131,11 @@ class MultiHeadAttention(nn.Module):
         attn_mask: Tensor | None = None,
         cache: KVCache | None = None,
         static_kv: bool = False,
+        is_causal: bool = False,
     ) -> Tensor:
         """Attend from `query` (B, Tq, D) to `key_value` (B, Tk, D); returns (B, Tq, D).
 
+        is_causal (self-attention without a mask or cache): query i sees keys 0..i.
         cache: when given, self-attention (static_kv False) appends this call's keys/values to
         it and attends over everything cached; cross-attention (static_kv True) projects
         `key_value` only on the first call and reuses the cached projection afterwards.
@@ -143,6 +153,6 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat([cache.v, v], dim=2)  # (B, H, L + Tq, Dk)
                 cache.k, cache.v = k, v
         p = self.dropout if self.training else 0.0
-        z = attention(q, k, v, attn_mask=attn_mask, dropout_p=p)  # (B, H, Tq, Dk)
+        z = attention(q, k, v, attn_mask, p, is_causal)  # (B, H, Tq, Dk)
         z = z.transpose(1, 2).reshape(b, tq, self.d_model)  # (B, Tq, D)
         return self.out_proj(z)

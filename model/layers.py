@@ -71,17 +71,19 @@ class DecoderLayer(nn.Module):
         cross_mask: Tensor | None,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
+        causal: bool = False,
     ) -> Tensor:
         """y (B, T, D), memory (B, S, D), self_mask (B, 1, T, L+T), cross_mask (B, 1, 1, S).
 
-        Returns (B, T, D). With caches, `y` holds only the new positions.
+        Returns (B, T, D). With caches, `y` holds only the new positions. `causal` (with no
+        self_mask): self-attention by SDPA's is_causal, exact for right-padded targets.
         """
         if self.pre_norm:
             h = self.norm1(y)
-            y = y + self.dropout(self.self_attn(h, h, self_mask, self_cache))
+            y = y + self.dropout(self.self_attn(h, h, self_mask, self_cache, is_causal=causal))
             h = self.norm2(y)
             y = y + self.dropout(self.cross_attn(h, memory, cross_mask, cross_cache, True))
             return y + self.dropout(self.ffn(self.norm3(y)))
-        y = self.norm1(y + self.dropout(self.self_attn(y, y, self_mask, self_cache)))
+        y = self.norm1(y + self.dropout(self.self_attn(y, y, self_mask, self_cache, False, causal)))
         y = self.norm2(y + self.dropout(self.cross_attn(y, memory, cross_mask, cross_cache, True)))
         return self.norm3(y + self.dropout(self.ffn(y)))

@@ -14,17 +14,21 @@ from model.cache import DecoderCache
 from model.config import PAD_ID, ModelConfig
 from model.embedding import TransformerEmbedding
 from model.layers import DecoderLayer, EncoderLayer
+from model.loss import chunked_label_smoothed_loss
 
 
 class EncoderOut(NamedTuple):
     """What the decoder needs from the encoder."""
 
     out: Tensor  # (B, S, D) top encoder layer
-    src_pad_mask: Tensor  # (B, S) bool, True = pad
+    src_pad_mask: Tensor | None  # (B, S) bool, True = pad; None: no row is padded
 
     def select(self, index: Tensor) -> EncoderOut:
         """Rows `index` of the batch, e.g. each sentence repeated once per beam."""
-        return EncoderOut(self.out.index_select(0, index), self.src_pad_mask.index_select(0, index))
+        mask = self.src_pad_mask
+        return EncoderOut(
+            self.out.index_select(0, index), None if mask is None else mask.index_select(0, index)
+        )
 
 
 def _final_norm(cfg: ModelConfig) -> nn.Module:
@@ -69,12 +73,20 @@ class Decoder(nn.Module):
         src_pad_mask: Tensor | None,
         tgt_pad_mask: Tensor | None,
         cache: DecoderCache | None = None,
+        right_padded: bool = False,
     ) -> Tensor:
         """y (B, T, D) new target positions, memory (B, S, D) -> hidden states (B, T, D).
 
         src_pad_mask (B, S) and tgt_pad_mask (B, T) are True at padding. With a cache, the
-        cached target positions (and their padding) come before `y`.
+        cached target positions (and their padding) come before `y`. `right_padded` (training:
+        every row's padding comes after its tokens, and padded positions are not scored):
+        self-attention is SDPA's is_causal with no mask, exact for every real position, since
+        a real position's earlier keys are all real.
         """
+        if right_padded and cache is None:
+            s = memory.shape[1]
+            cross_mask = build_attn_mask(src_pad_mask, 0, s, causal=False)  # (B, 1, 1, S) | None
+            return self._run(y, memory, None, cross_mask, None, True)
         t = y.shape[1]
         offset = 0
         key_pad = tgt_pad_mask
@@ -95,13 +107,28 @@ class Decoder(nn.Module):
         )  # (B, 1, T, L + T) or None
         s = memory.shape[1]
         cross_mask = build_attn_mask(src_pad_mask, t, s, causal=False)  # (B, 1, 1, S) or None
+        return self._run(y, memory, self_mask, cross_mask, cache, False)
+
+    def _run(
+        self,
+        y: Tensor,
+        memory: Tensor,
+        self_mask: Tensor | None,
+        cross_mask: Tensor | None,
+        cache: DecoderCache | None,
+        causal: bool,
+    ) -> Tensor:
+        """The layers over y (B, T, D) with the masks built by `forward`; then the norm."""
         for i, layer in enumerate(self.layers):
             self_cache = cache.self_kv[i] if cache is not None else None
             cross_cache = cache.cross_kv[i] if cache is not None else None
             if self.checkpoint_layers and self.training and cache is None:
-                y = checkpoint(layer, y, memory, self_mask, cross_mask, use_reentrant=False)
+                y = checkpoint(
+                    layer, y, memory, self_mask, cross_mask, None, None, causal,
+                    use_reentrant=False,
+                )  # fmt: skip
             else:
-                y = layer(y, memory, self_mask, cross_mask, self_cache, cross_cache)
+                y = layer(y, memory, self_mask, cross_mask, self_cache, cross_cache, causal)
         return self.norm(y)
 
 
@@ -156,24 +183,37 @@ class Transformer(nn.Module):
         """Decoder states (B, T, D) -> logits (B, T, V) through the shared embedding."""
         return F.linear(h, self.embed.weight)  # (B, T, V)
 
-    def encode(self, src: Tensor) -> EncoderOut:
-        """src (B, S) token ids, PAD_ID-padded -> EncoderOut(out (B, S, D), src_pad_mask)."""
-        src_pad_mask = src.eq(PAD_ID)  # (B, S)
+    def encode(self, src: Tensor, padded: bool | None = None) -> EncoderOut:
+        """src (B, S) token ids, PAD_ID-padded -> EncoderOut(out (B, S, D), src_pad_mask).
+
+        `padded`: whether any row of `src` holds padding, as the caller knows it (a training
+        batch says so on the host); None looks at `src` (one device-to-host sync).
+        """
+        if padded is None:
+            padded = bool(src.eq(PAD_ID).any())
+        src_pad_mask = src.eq(PAD_ID) if padded else None  # (B, S)
         x = self.embed(src)  # (B, S, D)
-        key_pad = src_pad_mask if bool(src_pad_mask.any()) else None
-        return EncoderOut(self.encoder(x, key_pad), src_pad_mask)
+        return EncoderOut(self.encoder(x, src_pad_mask), src_pad_mask)
 
     def decode_hidden(
-        self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None
+        self,
+        tgt_in: Tensor,
+        enc: EncoderOut,
+        cache: DecoderCache | None = None,
+        right_padded: bool = False,
     ) -> Tensor:
-        """Like `decode` but stops before the output projection: (B, T, D)."""
+        """Like `decode` but stops before the output projection: (B, T, D).
+
+        `right_padded` is the training path (see Decoder.forward): no look at `tgt_in`'s
+        padding at all."""
         offset = cache.length if cache is not None else 0
         y = self.embed(tgt_in, offset=offset)  # (B, T, D)
+        if right_padded and cache is None:
+            return self.decoder(y, enc.out, enc.src_pad_mask, None, right_padded=True)
         tgt_pad_mask = tgt_in.eq(PAD_ID)  # (B, T)
         if cache is None and not bool(tgt_pad_mask.any()):
             tgt_pad_mask = None
-        src_pad = enc.src_pad_mask if bool(enc.src_pad_mask.any()) else None
-        return self.decoder(y, enc.out, src_pad, tgt_pad_mask, cache)
+        return self.decoder(y, enc.out, enc.src_pad_mask, tgt_pad_mask, cache)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
         """tgt_in (B, T) -> logits (B, T, V) in the model dtype.
@@ -183,6 +223,25 @@ class Transformer(nn.Module):
         """
         return self.output_projection(self.decode_hidden(tgt_in, enc, cache))
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced training pass: src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
-        return self.decode(tgt_in, self.encode(src))
+    def forward(
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        target: Tensor | None = None,
+        epsilon: float = 0.0,
+        src_padded: bool | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        """Teacher-forced pass.
+
+        src (B, S), tgt_in (B, T) -> logits (B, T, V), every position masked as `decode` does.
+        With `target` (B, T) - the training path - instead the label-smoothed loss sums (loss,
+        nll, non-pad tokens) of model/loss.py: targets are taken as right-padded (decoder
+        self-attention by SDPA's is_causal; padded positions are not scored), and the loss is
+        computed in chunks from the decoder states, so the (B, T, V) logits never exist whole.
+        `src_padded` is the batch's own knowledge of its padding (None: look at `src`).
+        """
+        enc = self.encode(src, src_padded)
+        if target is None:
+            return self.decode(tgt_in, enc)  # (B, T, V)
+        h = self.decode_hidden(tgt_in, enc, right_padded=True)  # (B, T, D)
+        return chunked_label_smoothed_loss(h, self.embed.weight, target, epsilon)

@@ -17,7 +17,6 @@ import torch.distributed as dist
 from data_pipeline.config import DataConfig
 from data_pipeline.loader import TokenBatchStream
 from data_pipeline.tokenizer import Tokenizer
-from model.loss import label_smoothed_loss
 from model.search import beam_search, greedy_search
 from model.transformer import Transformer
 from trainer.dist import DistEnv
@@ -70,8 +69,9 @@ def validation_loss(
             first = first or batch
             weight = 1.0
         batch = batch.to(env.device)
-        logits = engine(batch.src, batch.tgt_in)
-        loss, nll, ntok = label_smoothed_loss(logits, batch.tgt_out, epsilon)
+        loss, nll, ntok = engine(
+            batch.src, batch.tgt_in, batch.tgt_out, epsilon, src_padded=batch.src_padded
+        )
         totals += weight * torch.stack([loss.double(), nll.double(), ntok.double()])
     engine.train()
     dist.all_reduce(totals)

@@ -76,8 +76,9 @@ class Trainer:
         self.faults.install(self.engine.module)
         self.data_dir = Path(self.job.data.dir)
         self.stream = TokenBatchStream(
-            self.data_dir, "train", self.job.data, rank=env.rank, world_size=env.world_size
-        )
+            self.data_dir, "train", self.job.data, rank=env.rank, world_size=env.world_size,
+            pin_memory=env.device.type == "cuda",  # so .to(non_blocking=True) overlaps
+        )  # fmt: skip
         self.state = TrainState(wandb_id=uuid.uuid4().hex[:12])
         self.checkpoints = CheckpointManager(
             run.checkpoints, self.engine, env.rank, env.world_size, self.state,

@@ -9,48 +9,55 @@ import torch.distributed as dist
 
 from data_pipeline.loader import Batch, TokenBatchStream
 from model.config import ModelConfig
-from model.loss import label_smoothed_loss
 from trainer.dist import DistEnv
 from trainer.flops import step_flops
 
 
 def train_step(
-    engine: Any, batches: list[Batch], env: DistEnv, epsilon: float, flags: list[bool]
+    engine: Any,
+    batches: list[Batch],
+    env: DistEnv,
+    epsilon: float,
+    flags: list[bool],
+    device_flags: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[bool]]:
     """One optimizer step over `batches` (the accumulation micro-batches of this rank).
 
     The gradient is that of (sum of token losses over all ranks and micro-batches) / (target
     tokens of the whole step), as in fairseq; DeepSpeed averages over ranks and divides by the
     accumulation count, which the factor `world * accum / tokens` undoes. The one all-reduce
-    that counts the step's tokens also carries this rank's `flags` (a stop request, a save due
-    by the clock), so every rank acts on them at the same step.
+    that counts the step's tokens also carries this rank's host `flags` (a stop request, a
+    save due by the clock) and `device_flags` (e.g. the previous step's loss was not finite,
+    still on the device), so every rank acts on them at the same step; its result is the
+    step's one device-to-host sync. Padding decisions come from the batches' host metadata.
     Returns this rank's summed (loss, nll, target tokens, source tokens), on device, and
-    each flag OR-ed over the ranks.
+    each flag OR-ed over the ranks (host flags first, then device flags).
     """
-    counts = torch.tensor(
-        [sum(b.n_tgt_tokens for b in batches), *map(float, flags)],
-        dtype=torch.float64,
-        device=env.device,
-    )
+    host = torch.tensor([sum(b.n_tgt_tokens for b in batches), *map(float, flags)])
+    counts = host.to(env.device, torch.float64, non_blocking=True)
+    if device_flags is not None:
+        counts = torch.cat([counts, device_flags.to(torch.float64)])
     dist.all_reduce(counts)
     global_tokens, *reduced = counts.tolist()
     factor = env.world_size * len(batches) / max(global_tokens, 1.0)
     sums = torch.zeros(4, dtype=torch.float64, device=env.device)
     for batch in batches:
         batch = batch.to(env.device, non_blocking=True)
-        logits = engine(batch.src, batch.tgt_in)  # (B, T, V)
-        loss, nll, ntok = label_smoothed_loss(logits, batch.tgt_out, epsilon)
+        loss, nll, ntok = engine(
+            batch.src, batch.tgt_in, batch.tgt_out, epsilon, src_padded=batch.src_padded
+        )
         engine.backward(loss * factor)
         engine.step()
-        sums += torch.stack(
-            [
-                loss.detach().double(),
-                nll.detach().double(),
-                ntok.detach().double(),
-                torch.tensor(float(batch.n_src_tokens), dtype=torch.float64, device=env.device),
-            ]
-        )
+        sums[:3] += torch.stack([loss.detach(), nll.detach(), ntok.detach()]).double()
+    sums[3] = float(sum(b.n_src_tokens for b in batches))
     return sums, [flag > 0 for flag in reduced]
+
+
+def nonfinite_flag(sums: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """1.0 on the device where the previous step's loss (`sums[0]`) was not finite; no sync."""
+    if sums is None:
+        return torch.zeros(1, dtype=torch.float64, device=device)
+    return (~torch.isfinite(sums[:1])).to(torch.float64)
 
 
 def loss_finite_everywhere(sums: torch.Tensor, env: DistEnv) -> bool:

@@ -1,0 +1,63 @@
+"""The chunked label-smoothed loss gives the loss and the gradients of the logits path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model.loss as loss_module
+from model.config import PAD_ID
+from model.loss import chunked_label_smoothed_loss, label_smoothed_loss
+
+
+def inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(3, 7, 16, generator=g)  # (B, T, D)
+    weight = torch.randn(50, 16, generator=g) * 0.3  # (V, D)
+    target = torch.randint(4, 50, (3, 7), generator=g)  # (B, T)
+    target[0, 5:] = PAD_ID
+    target[2, 2:] = PAD_ID
+    return h, weight, target
+
+
+@pytest.mark.parametrize("chunk_elements", [2**24, 50 * 4, 50])  # one chunk, 4 rows, 1 row
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_same_loss_and_gradients_as_the_logits_path(
+    monkeypatch: pytest.MonkeyPatch, chunk_elements: int, epsilon: float
+) -> None:
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk_elements)
+    h, weight, target = inputs()
+    h1, w1 = h.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = label_smoothed_loss(F.linear(h1, w1), target, epsilon)
+    (ref[0] * 0.37).backward()
+    h2, w2 = h.clone().requires_grad_(), weight.clone().requires_grad_()
+    ours = chunked_label_smoothed_loss(h2, w2, target, epsilon)
+    (ours[0] * 0.37).backward()
+    for a, b in zip(ref, ours, strict=True):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-6, atol=1e-6)
+    assert h1.grad is not None and h2.grad is not None
+    assert torch.allclose(h1.grad, h2.grad, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(w1.grad, w2.grad, rtol=1e-6, atol=1e-6)  # type: ignore[arg-type]
+    assert h2.grad[0, 5:].abs().max() == 0  # padding gets no gradient
+
+
+def test_evaluation_computes_no_gradients() -> None:
+    h, weight, target = inputs(1)
+    with torch.no_grad():
+        loss, nll, ntok = chunked_label_smoothed_loss(h, weight, target, 0.1)
+    ref = label_smoothed_loss(F.linear(h, weight), target, 0.1)
+    assert torch.allclose(loss, ref[0]) and torch.allclose(nll, ref[1]) and ntok == ref[2]
+
+
+def test_bf16_is_close_to_fp32() -> None:
+    h, weight, target = inputs(2)
+    h16, w16 = h.bfloat16().requires_grad_(), weight.bfloat16().requires_grad_()
+    loss16, *_ = chunked_label_smoothed_loss(h16, w16, target, 0.1)
+    loss16.backward()
+    h32, w32 = h.clone().requires_grad_(), weight.clone().requires_grad_()
+    loss32, *_ = chunked_label_smoothed_loss(h32, w32, target, 0.1)
+    loss32.backward()
+    assert abs(loss16.item() - loss32.item()) / loss32.item() < 2e-2
+    assert h16.grad is not None and h16.grad.dtype == torch.bfloat16
+    assert torch.allclose(h16.grad.float(), h32.grad, atol=2e-2)  # type: ignore[arg-type]
