@@ -19,7 +19,9 @@ equals the manifest's sample count of the split.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import multiprocessing as mp
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,20 @@ class TokenBatchStream:
         self._next = 0
         self._base_counters = Counters()
         self._last_epoch = start_epoch
+        self._closing: Any = None  # multiprocessing Event shared with the workers (see close)
+
+    def close(self) -> None:
+        """Let this stream's loader workers end on the TERM that shuts them down (they ignore
+        TERM until then: see data_pipeline/producer.py). Called when the rank is done with the
+        stream, and at its exit; the position stays readable."""
+        if self._closing is not None:
+            self._closing.set()
+
+    def _closing_event(self) -> Any:
+        if self._closing is None:
+            self._closing = mp.get_context().Event()
+            atexit.register(self._closing.set)  # before multiprocessing ends workers with TERM
+        return self._closing
 
     # -- iteration ---------------------------------------------------------------------------
 
@@ -128,7 +144,7 @@ class TokenBatchStream:
             items: Any = produce(self._ctx, 0, self._ctx.slot0, positions[0])
         else:
             items = DataLoader(
-                WorkerDataset(self._ctx, positions, self._next),
+                WorkerDataset(self._ctx, positions, self._next, self._closing_event()),
                 batch_size=None,
                 num_workers=self.cfg.num_workers,
                 collate_fn=_identity,

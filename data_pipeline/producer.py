@@ -16,6 +16,7 @@ ids beyond the vocabulary) is skipped and counted the same way.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,12 +35,27 @@ log = logging.getLogger("data_pipeline.loader")
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """Loader workers leave USR1 (preemption: Slurm may send it to every process of a job
-    step) and Ctrl-C's INT (sent to the whole process group) to their rank, which finishes its
-    step and saves.  TERM keeps its default: the DataLoader and multiprocessing end a worker
-    that is blocked on a full queue with it, and a worker ignoring it would hang the exit."""
+    """A loader worker leaves every stop signal to its rank, which finishes its step (or
+    abandons it), saves and only then closes its stream.
+
+    USR1 (Slurm's warning before the time limit) and INT (Ctrl-C, sent to the whole process
+    group) are ignored. TERM - Slurm's preemption or `scancel` reach every process of the job,
+    workers included - is ignored too while the rank still reads batches; once the rank closes
+    its stream (`TokenBatchStream.close`, also at the rank's exit), a TERM ends the worker at
+    once: the DataLoader and multiprocessing end workers with TERM at shutdown, and a worker
+    that ignored it then would hang its rank's exit. A worker whose rank is gone exits too.
+    """
     for sig in (signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    info = get_worker_info()
+    closing = getattr(info.dataset, "closing", None) if info is not None else None
+    parent = os.getppid()
+
+    def on_term(signum: int, frame: object) -> None:
+        if (closing is not None and closing.is_set()) or os.getppid() != parent:
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 @dataclass
@@ -239,12 +255,17 @@ class WorkerDataset(IterableDataset):
     """Runs logical worker ``(worker id + rotation) % workers`` in each DataLoader worker."""
 
     def __init__(
-        self, ctx: ProducerContext, positions: list[WorkerPosition], rotation: int
+        self,
+        ctx: ProducerContext,
+        positions: list[WorkerPosition],
+        rotation: int,
+        closing: Any = None,
     ) -> None:
         super().__init__()
         self.ctx = ctx
         self.positions = positions
         self.rotation = rotation
+        self.closing = closing  # a multiprocessing Event: set when the rank closes its stream
 
     def __iter__(self) -> Iterator[Item]:
         info = get_worker_info()

@@ -53,8 +53,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         shutil.copyfile(tokenizer_path(Path(job.data.dir)), run.tokenizer)
     if not inside_torchrun() and args.nproc > 1:
         run.summary.unlink(missing_ok=True)
-        code = run_torchrun(args.nproc, run.config, run.root, use_cuda(job.train.device))
-        return code or preempted_exit_code(run.root)
+        code = run_torchrun(
+            args.nproc, run.config, run.root, use_cuda(job.train.device), job.train.stop_grace_s
+        )
+        # After a TERM torchrun exits non-zero even when its ranks saved and exited cleanly:
+        # the ranks' summary.json, when written, tells how the run ended.
+        summary = run.read_summary()
+        return code if summary is None else exit_code_of(summary)
 
     from trainer.loop import PrecisionError, train
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -15,13 +16,22 @@ def inside_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
-def torchrun_command(nproc: int, config_file: Path, run_dir: Path) -> list[str]:
+def torchrun_command(
+    nproc: int, config_file: Path, run_dir: Path, grace_s: float = 30.0
+) -> list[str]:
+    """torchrun for `nproc` local ranks. On TERM torchrun itself passes TERM on to its ranks
+    and kills them after --shutdown_timeout: that is the run's grace period, in which they
+    save and exit."""
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={nproc}",
+        f"--shutdown_timeout={math.ceil(grace_s)}",
+        # torchrun leaves TERM and INT to the ranks (it ignores them: see run_torchrun) and
+        # waits for them to save and exit instead of killing them after a traceback
+        f"--signals_to_handle={TORCHRUN_SIGNALS}",
         "-m",
         "launch.cli",
         "train",
@@ -29,6 +39,16 @@ def torchrun_command(nproc: int, config_file: Path, run_dir: Path) -> list[str]:
         str(config_file),
         f"run.dir={run_dir}",
     ]
+
+
+TORCHRUN_SIGNALS = "SIGHUP,SIGQUIT"
+
+
+def ignore_stop_signals() -> None:
+    """In torchrun (before exec): TERM, INT and USR1 - sent by Slurm or a terminal to every
+    process - are for the ranks, which install their own handlers first thing."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def child_env(use_cuda: bool) -> dict[str, str]:
@@ -55,15 +75,17 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
-def run_torchrun(nproc: int, config_file: Path, run_dir: Path, use_cuda: bool) -> int:
+def run_torchrun(
+    nproc: int, config_file: Path, run_dir: Path, use_cuda: bool, grace_s: float = 30.0
+) -> int:
     """Run torchrun in the foreground and return its exit code.
 
-    SIGUSR1 and SIGTERM sent to this process go straight to the workers, which finish their
-    step, save and exit (torchrun itself would die on USR1 and give SIGTERM only a short grace
-    period). SIGINT from a terminal reaches the workers through the process group, so it is
-    not forwarded again here.
+    SIGUSR1 and SIGTERM sent to this process go straight to the workers, which stop at a step
+    boundary, save and exit; torchrun ignores them and waits for its workers. SIGINT from a
+    terminal reaches the workers through the process group, so it is not forwarded again here.
     """
-    proc = subprocess.Popen(torchrun_command(nproc, config_file, run_dir), env=child_env(use_cuda))
+    command = torchrun_command(nproc, config_file, run_dir, grace_s)
+    proc = subprocess.Popen(command, env=child_env(use_cuda), preexec_fn=ignore_stop_signals)
 
     def forward(signum: int, frame: object) -> None:
         for pid in child_pids(proc.pid):

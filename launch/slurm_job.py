@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from launch.local import TORCHRUN_SIGNALS
 from trainer.run_dir import RunDir
 
 RESEND_EVERY_S = 2.0
@@ -73,9 +75,11 @@ def torchrun_command(
     endpoint: str,
     rdzv_id: str,
     is_host: bool,
+    grace_s: float = 30.0,
 ) -> list[str]:
     """torchrun for one node of a multi-node job. The first node hosts the rendezvous store
-    (`is_host` is given, not guessed from host names, which may differ from the node list's)."""
+    (`is_host` is given, not guessed from host names, which may differ from the node list's).
+    On TERM torchrun gives its ranks `grace_s` (train.stop_grace_s) to save before killing."""
     return [
         python,
         "-m",
@@ -87,6 +91,8 @@ def torchrun_command(
         f"--rdzv_id={rdzv_id}",
         f"--rdzv_conf=is_host={int(is_host)}",
         "--max_restarts=0",
+        f"--shutdown_timeout={math.ceil(grace_s)}",
+        f"--signals_to_handle={TORCHRUN_SIGNALS}",
         "-m",
         "launch.cli",
         "train",
@@ -106,23 +112,20 @@ def record_stop_signals() -> list[int]:
     return received
 
 
-def _ignore_usr1() -> None:
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-
 def run_torchrun_resending(command: list[str], env: dict[str, str], received: list[int]) -> int:
     """Run torchrun; each signal in `received` (see `record_stop_signals`) goes to the workers,
     again every RESEND_EVERY_S seconds until torchrun exits.
 
     Slurm delivers a step's signals to every process of the step, torchrun included, which
-    USR1 would kill: torchrun is started with USR1 ignored (kept across exec and inherited by
-    its workers). A worker ignores USR1 until it installs its own handler before the first step
+    USR1 would kill and TERM would make kill its workers: torchrun is started with USR1, TERM
+    and INT ignored (kept across exec, inherited by its workers) and handles only HUP and QUIT.
+    A worker ignores them until it installs its own handler, first thing in `train`
     (trainer/signals.py), so a signal that came during start-up is sent again; one more to a
     worker that is already stopping changes nothing.
     """
-    from launch.local import child_pids
+    from launch.local import child_pids, ignore_stop_signals
 
-    proc = subprocess.Popen(command, env=env, preexec_fn=_ignore_usr1)
+    proc = subprocess.Popen(command, env=env, preexec_fn=ignore_stop_signals)
     sent_at = 0.0
     while proc.poll() is None:
         if received and time.monotonic() - sent_at >= RESEND_EVERY_S:
@@ -150,6 +153,7 @@ def node(run_dir: Path, nnodes: int, nproc_per_node: int, received: list[int]) -
         endpoint,
         rdzv_id=f"{ctx['job_id']}-{ctx['restart']}",
         is_host=ctx["node_id"] == "0",
+        grace_s=job.train.stop_grace_s,
     )
     print(
         f"paperscale: node {socket.gethostname()} (node {ctx['node_id']} of {nnodes}): "

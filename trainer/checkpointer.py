@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +38,8 @@ from trainer.checkpoint import (
 from trainer.run_dir import CheckpointDir, tag_for
 from trainer.state import RankStateful, TrainState
 
+# what a first save is assumed to write per second (later saves use the measured time)
+ASSUMED_WRITE_BYTES_S = 200e6
 # lets ds_to_universal convert a checkpoint for another number of ranks
 UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
 
@@ -78,11 +81,37 @@ class CheckpointManager:
         self.check_space = check_space
         self.observers = list(observers)
         self.n_params = sum(p.numel() for p in engine.module.parameters())
+        self.last_save_s: float | None = None  # how long the last save took on this rank
+
+    def rank_states(self) -> dict[str, dict[str, Any]]:
+        """A snapshot of this rank's per-rank states (cheap: positions and generator states)."""
+        return {name: s.state_dict() for name, s in self.per_rank.items()}
+
+    def rewind(self, states: dict[str, dict[str, Any]]) -> None:
+        """Put this rank's per-rank states back to a snapshot, e.g. the one taken when a step
+        began that was then abandoned: the next save holds the last finished step."""
+        for name, state in self.per_rank.items():
+            state.load_state_dict(states[name])
+
+    def expected_save_s(self) -> float:
+        """Seconds the next save should take: the last one's time, else the checkpoint's
+        estimated size at ASSUMED_WRITE_BYTES_S."""
+        if self.last_save_s is not None:
+            return self.last_save_s
+        return (
+            estimate_bytes(self.ckpts.root, self.n_params, self.precision) / ASSUMED_WRITE_BYTES_S
+        )
 
     # -- saving ---------------------------------------------------------------------------
 
     def save(self, step: int) -> str:
         """Save on every rank (all ranks call this at the same step); returns the tag."""
+        started = time.monotonic()
+        tag = self._save(step)
+        self.last_save_s = time.monotonic() - started
+        return tag
+
+    def _save(self, step: int) -> str:
         tag = tag_for(step)
         self.ckpts.root.mkdir(parents=True, exist_ok=True)
         self._check_space(tag)

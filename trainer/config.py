@@ -80,6 +80,10 @@ class TrainConfig:
     # may take on one rank, before the process exits non-zero (a dead or hung rank)
     dist_timeout_s: float = 600.0
     max_nonfinite: int = 5  # consecutive steps with a NaN/inf loss that stop the run (exit 65)
+    # seconds from a stop signal (TERM, USR1, Ctrl-C) to the exit after saving, planned for:
+    # Slurm sends SIGKILL KillWait (default 30) after TERM; a step that would end too late to
+    # save in time is abandoned (trainer/signals.py)
+    stop_grace_s: float = 30.0
     compile: bool = False  # torch.compile the model's forward (through DeepSpeed's engine.compile)
     compile_mode: str = "default"  # one of COMPILE_MODES (torch.compile's `mode`)
 
@@ -93,6 +97,8 @@ class TrainConfig:
         for key in ("eval_every", "eval_max_batches", "bleu_every", "save_every", "seed"):
             if not _non_negative_int(getattr(self, key)):
                 out.append((key, f"must be a non-negative integer, got {getattr(self, key)!r}"))
+        if not isinstance(self.stop_grace_s, (int, float)) or not self.stop_grace_s > 0:
+            out.append(("stop_grace_s", f"must be > 0 seconds, got {self.stop_grace_s!r}"))
         if not isinstance(self.dist_timeout_s, (int, float)) or not self.dist_timeout_s > 0:
             out.append(("dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s!r}"))
         if not _positive_int(self.max_nonfinite):

@@ -74,6 +74,7 @@ def validation_loss(
         )
         totals += weight * torch.stack([loss.double(), nll.double(), ntok.double()])
     engine.train()
+    stream.close()
     dist.all_reduce(totals)
     loss_sum, nll_sum, tokens = totals.tolist()
     if tokens == 0:
@@ -131,6 +132,7 @@ def validation_bleu(
                 out = [hyps[0].tokens for hyps in beam_search(model, batch.src, beam=beam)]
             hyps.extend(tokenizer.decode(out))
             refs.extend(batch.tgt_text)
+    stream.close()
     engine.module.train()
     hyps, refs = hyps[:per_rank], refs[:per_rank]
     gathered: list[Any] = [None] * env.world_size

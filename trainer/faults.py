@@ -12,6 +12,8 @@ named by `PAPERSCALE_FAULT_RANK` (default 0):
                                         STEP:FILES[:RANK] per attempt, as above (RANK overrides
                                         PAPERSCALE_FAULT_RANK)
   PAPERSCALE_FAULT_HANG_AT_STEP=3       sleep for an hour after step 3, between two collectives
+  PAPERSCALE_FAULT_TERM_AT=4:0          SIGTERM to this rank's whole process group (as Slurm's
+                                        preemption does) after micro-batch 0 of step 4
   PAPERSCALE_FAULT_NAN_FROM_STEP=4      the model's output is NaN from step 4 on
   PAPERSCALE_FAULT_SKIP_SPACE_CHECK=1   save without the free-space check (to fill a disk)
 """
@@ -44,6 +46,7 @@ class Faults:
     kill_in_save: tuple[int, int] | None = None  # (step, files written before the kill)
     hang_at_step: int | None = None
     nan_from_step: int | None = None
+    term_at: tuple[int, int] | None = None  # (step, micro-batch)
     skip_space_check: bool = False
     step: int = 0  # the step being run or saved, kept current by the loop
     files_written: int = 0  # files this rank wrote in the save under way
@@ -66,6 +69,9 @@ class Faults:
             faults.hang_at_step = int(hang)
         if nan := env.get(PREFIX + "NAN_FROM_STEP"):
             faults.nan_from_step = int(nan)
+        if term := env.get(PREFIX + "TERM_AT"):
+            step, micro = (int(x) for x in term.split(":"))
+            faults.term_at = (step, micro)
         return faults
 
     def install(self, module: torch.nn.Module) -> None:
@@ -88,6 +94,12 @@ class Faults:
         if step == self.hang_at_step:
             _announce(f"hanging after step {step}")
             time.sleep(3600)
+
+    def between_micro(self, step: int, micro: int) -> None:
+        """Called after each micro-batch of a step but the last."""
+        if (step, micro) == self.term_at:
+            _announce(f"SIGTERM to the process group after micro-batch {micro} of step {step}")
+            os.killpg(os.getpgrp(), signal.SIGTERM)
 
     def save_started(self, step: int) -> None:
         self.files_written = 0

@@ -6,6 +6,7 @@ settle (precision, world size) -> build (engine, data, state, checkpoints, sinks
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 import time
@@ -26,7 +27,7 @@ from trainer.export import export_checkpoint
 from trainer.faults import Faults
 from trainer.metrics import MetricsLogger, Throughput, memory_metrics, stderr_warn
 from trainer.report import write_report
-from trainer.run_dir import RunDir
+from trainer.run_dir import RunDir, tag_for
 from trainer.safe_load import forbid_code_in_checkpoints
 from trainer.setup import PrecisionError, SettledJob, cluster_peak_flops, settle_job
 from trainer.signals import EXIT_NONFINITE, EXIT_SAVE_FAILED, StopRequest, Watchdog
@@ -35,6 +36,7 @@ from trainer.state import DataPosition, RngState, TrainState, rng_preserved
 from trainer.step import (
     batch_flops,
     loss_finite_everywhere,
+    nonfinite_flag,
     optimizer_metrics,
     skipped_counts,
     train_step,
@@ -43,14 +45,16 @@ from trainer.step import (
 __all__ = ["PrecisionError", "train"]
 
 COMPILE_TIMEOUT_S = 3600.0  # the watchdog's least timeout for a compiled model (see Trainer)
+EXIT_MARGIN_S = 5.0  # of train.stop_grace_s, kept for leaving after the save
 
 
 def train(job: Any, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the job in this process; every rank calls this. Returns the summary."""
+    stop_request = StopRequest().install()  # first: a stop signal during start-up counts too
     env = init_distributed(job.train.device, job.train.dist_timeout_s)
     forbid_code_in_checkpoints()
     run = RunDir(run_dir)
-    trainer = Trainer(settle_job(job, run, resolved, env), run, env)
+    trainer = Trainer(settle_job(job, run, resolved, env), run, env, stop_request)
     trainer.restore_and_open()
     with trainer.guarded():
         while not trainer.done():
@@ -65,7 +69,10 @@ class Trainer:
     """One rank's engine, data stream, training state, checkpoints and metrics, and the loop's
     bookkeeping between steps (log window, stop and failure state)."""
 
-    def __init__(self, settled: SettledJob, run: RunDir, env: DistEnv) -> None:
+    def __init__(
+        self, settled: SettledJob, run: RunDir, env: DistEnv, stop_request: StopRequest
+    ) -> None:
+        self.stop_request = stop_request
         self.job, self.cfg, self.run, self.env = settled.job, settled.job.train, run, env
         self.settled = settled
         self.model_cfg = settled.model_cfg
@@ -91,6 +98,11 @@ class Trainer:
         self.timer = Throughput()
         self.window = torch.zeros(4, dtype=torch.float64, device=env.device)
         self.window_flops = 0.0  # this rank's training FLOPs since the last log step
+        self.window_steps = 0  # steps summed in the window
+        # host-side flags between micro-batches: gloo beside NCCL, so they never wait on a GPU
+        self.control_group = (
+            torch.distributed.new_group(backend="gloo") if env.device.type == "cuda" else None
+        )
         self.record: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.first_loss: float | None = None
@@ -129,6 +141,10 @@ class Trainer:
                 flush=True,
             )
         self.batches = iter(self.stream)
+        # Everything built so far lives for the whole run: keep the garbage collector from
+        # scanning it again at every collection and at exit (seconds with torch loaded, which a
+        # stop signal's grace period cannot spare).
+        gc.freeze()
 
     def guarded(self) -> _Guard:
         """The loop's signal handler (a stop request finishes the step and saves) and the
@@ -138,7 +154,6 @@ class Trainer:
         timeout = self.cfg.dist_timeout_s
         if self.cfg.compile:
             timeout = max(timeout, COMPILE_TIMEOUT_S)
-        self.stop_request = StopRequest()
         self.watchdog = Watchdog(timeout)
         return _Guard(self.stop_request, self.watchdog)
 
@@ -149,28 +164,45 @@ class Trainer:
 
     def step(self) -> None:
         """One optimizer step; a stop request, a save due by the clock and the previous step's
-        non-finite loss travel in the step's one collective, so all ranks see them together."""
+        non-finite loss travel in the step's one collective, so all ranks see them together.
+        A step that a stop request skips or abandons leaves the state of the last one."""
         self.watchdog.arm()
         self.faults.step = self.state.step + 1
+        before = self.checkpoints.rank_states()  # data position and RNG before this step
         micro = [next(self.batches) for _ in range(self.cfg.grad_accum)]
-        prev_nonfinite = self.step_sums is not None and not bool(torch.isfinite(self.step_sums[0]))
         clock_due = bool(
             self.env.is_main
             and self.cfg.save_every_minutes
             and time.monotonic() - self.last_save >= 60 * self.cfg.save_every_minutes
         )
-        self.step_sums, (self.stopping, self.save_due, prev_nonfinite) = train_step(
+        result = train_step(
             self.engine,
             micro,
             self.env,
             self.model_cfg.label_smoothing,
-            [self.stop_request.requested, clock_due, prev_nonfinite],
+            [self.stop_request.requested, clock_due],
+            nonfinite_flag(self.step_sums, self.env.device),
+            self.abandon,
         )
-        self.window += self.step_sums
+        self.stopping, self.save_due, prev_nonfinite = result.flags
+        self.record = {}
+        if not result.completed:  # skipped or abandoned on a stop request: undo what it read
+            self.checkpoints.rewind(before)
+            self.stopping = True
+            if self.env.is_main and result.micro_batches_run:
+                print(
+                    f"step {self.state.step + 1} abandoned after {result.micro_batches_run} "
+                    f"micro-batches: too little of train.stop_grace_s={self.cfg.stop_grace_s:g} "
+                    f"left to finish it and save",
+                    flush=True,
+                )
+            return
+        self.step_sums = result.sums
+        self.window += result.sums
+        self.window_steps += 1
         self.window_flops += batch_flops(self.model_cfg, micro)
         self.state.step += 1
         self.faults.after_step(self.state.step)
-        self.record = {}
         self.nonfinite_streak = self.nonfinite_streak + 1 if prev_nonfinite else 0
         if self.nonfinite_streak >= self.cfg.max_nonfinite:
             step, n = self.state.step, self.nonfinite_streak
@@ -181,6 +213,19 @@ class Trainer:
                 f"last checkpoint is {self.checkpoints.ckpts.latest_tag() or 'none'}",
             )
 
+    def abandon(self, micro: int) -> bool:
+        """After micro-batch `micro` of a step: drop the step when a stop request came too long
+        ago to finish it and still save within train.stop_grace_s. Agreed by all ranks (one
+        host-side all-reduce on the control group; no device sync)."""
+        self.faults.between_micro(self.state.step + 1, micro)
+        reserve = self.checkpoints.expected_save_s() + EXIT_MARGIN_S
+        late = self.stop_request.past(self.cfg.stop_grace_s - reserve)
+        if self.env.world_size == 1:
+            return late
+        flag = torch.tensor([float(late)])
+        torch.distributed.all_reduce(flag, group=self.control_group)
+        return bool(flag.item() > 0)
+
     def _final(self) -> bool:
         return self.state.step == self.cfg.max_steps
 
@@ -188,12 +233,8 @@ class Trainer:
         """On log steps: one collective and one host sync for the window's sums, this rank's
         FLOPs and its skipped-sample counters, summed over ranks."""
         step = self.state.step
-        if not (
-            step % self.cfg.log_every == 0
-            or self._final()
-            or self.stopping
-            or step == self.start_step + 1
-        ):
+        due = step % self.cfg.log_every == 0 or self._final() or step == self.start_step + 1
+        if not self.window_steps or not (due or self.stopping):
             return
         extra = torch.tensor(
             [self.window_flops, *skipped_counts(self.stream)],
@@ -204,7 +245,7 @@ class Trainer:
         torch.distributed.all_reduce(reduced)
         loss_sum, nll_sum, tgt, src, flops, skip_long, skip_corrupt = reduced.tolist()
         self.window.zero_()
-        self.window_flops = 0.0
+        self.window_flops, self.window_steps = 0.0, 0
         self.state.tokens_seen += int(src + tgt)
         seconds = self.timer.lap()
         self.record.update(
@@ -263,7 +304,8 @@ class Trainer:
         due = (cfg.save_every and step % cfg.save_every == 0) or self._final()
         if self.failure is not None or not (due or self.stopping or self.save_due):
             return
-        assert self.step_sums is not None
+        if self.step_sums is None or self.checkpoints.ckpts.latest_tag() == tag_for(step):
+            return  # nothing finished since the last checkpoint (a stop before the first step)
         self.last_save = time.monotonic()
         self.watchdog.arm()
         with self.timer.paused():
@@ -290,8 +332,13 @@ class Trainer:
             summary |= {"exit_code": self.failure[0], "error": self.failure[1]}
             if env.is_main:
                 print(f"paperscale: error: {self.failure[1]}", file=sys.stderr, flush=True)
+        self.stream.close()
         if self.stopping and env.is_main:
-            print(f"stopped at step {self.state.step} after a signal; checkpoint saved", flush=True)
+            latest = self.checkpoints.ckpts.latest_tag() or "none (nothing trained yet)"
+            print(
+                f"stopped at step {self.state.step} after a signal; latest checkpoint {latest}",
+                flush=True,
+            )
         if env.is_main:
             summary |= self._figures()
         source = export_source(self.run.checkpoints)
@@ -299,7 +346,7 @@ class Trainer:
             export_checkpoint(source, self.run.model, tokenizer_path(self.data_dir))
         torch.distributed.barrier()
         self.logger.close()
-        if env.is_main:
+        if env.is_main and not self.stopping:  # a stop is short of time: `paperscale report`
             try:
                 write_report(self.run.root)
             except Exception as exc:  # the report is a convenience; the run itself succeeded
@@ -320,13 +367,13 @@ class Trainer:
 
 
 class _Guard:
-    """Installs the stop-signal handler and arms the watchdog for the loop's duration."""
+    """The loop's duration: afterwards the watchdog is disarmed and the stop-signal handler
+    (installed when `train` began) removed."""
 
     def __init__(self, stop_request: StopRequest, watchdog: Watchdog) -> None:
         self.stop_request, self.watchdog = stop_request, watchdog
 
     def __enter__(self) -> _Guard:
-        self.stop_request.install()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,10 +1,13 @@
 """Stop requests from the scheduler or the user, turned into a save-and-exit at a step boundary.
 
-SIGUSR1 (Slurm's `--signal=USR1@90` before the time limit or a preemption) and SIGTERM ask the
-job to finish the current optimizer step, save a checkpoint and exit with EXIT_PREEMPTED. The
-first SIGINT does the same; a second SIGINT exits at once. Ranks agree on the stop through the
-all-reduce the train step already makes, so a signal that reaches one rank stops them all at the
-same step.
+SIGUSR1 (Slurm's `--signal=USR1@90` before the time limit) and SIGTERM (preemption, `scancel`,
+sent to every process of the job) ask the job to save a checkpoint and exit with
+EXIT_PREEMPTED within `train.stop_grace_s`. The first SIGINT does the same; a second SIGINT exits
+at once. Ranks agree on the stop through the all-reduce the train step already makes, so a
+signal that reaches one rank stops them all at the same step: a step not started yet is not run,
+and one in flight is finished if that leaves time to save, else abandoned at the next
+micro-batch (its gradients dropped, the data position and RNG put back to where the step
+began), so the checkpoint is always that of the last finished step.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import faulthandler
 import os
 import signal
 import sys
+import time
 from types import FrameType
 
 # Exit code after a requested stop that saved a checkpoint (EX_TEMPFAIL: "try again later").
@@ -51,11 +55,19 @@ class Watchdog:
 
 
 class StopRequest:
-    """Records the first stop signal; a second SIGINT ends the process immediately."""
+    """Records the first stop signal and when it came; a second SIGINT ends the process
+    immediately."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.received_at: float | None = None  # time.monotonic() of the first stop signal
         self._previous: dict[int, object] = {}
+
+    def past(self, seconds_after: float) -> bool:
+        """Whether a stop was requested at least `seconds_after` seconds ago."""
+        return self.received_at is not None and (
+            time.monotonic() - self.received_at >= seconds_after
+        )
 
     @property
     def requested(self) -> bool:
@@ -78,6 +90,7 @@ class StopRequest:
             os._exit(130)
         if not self.requested:
             self.signal_name = name
+            self.received_at = time.monotonic()
             print(
                 f"{name} received: finishing this step, saving, then exiting",
                 file=sys.stderr,

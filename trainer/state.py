@@ -29,9 +29,12 @@ class Stateful(Protocol):
 
 
 class RankStateful(Protocol):
-    """A per-rank state: saved by every rank, restored from the states of all saving ranks."""
+    """A per-rank state: saved by every rank, restored from the states of all saving ranks
+    (or, to undo a step in flight, from this rank's own earlier state)."""
 
     def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def load_rank_states(self, states: list[dict[str, Any]], rank: int, world_size: int) -> None:
         """Continue from `states` (index = saving rank) as rank `rank` of `world_size`."""
@@ -117,6 +120,10 @@ class DataPosition:
 
     def state_dict(self) -> dict[str, Any]:
         return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """This rank's own position (same world), e.g. the one before an abandoned step."""
+        self.stream.load_state_dict(state)
 
     def load_rank_states(self, states: list[dict[str, Any]], rank: int, world_size: int) -> None:
         """Every saving rank's position: exact continuation on the same world, else the

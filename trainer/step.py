@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,6 +15,17 @@ from trainer.dist import DistEnv
 from trainer.flops import step_flops
 
 
+@dataclass
+class StepResult:
+    """What one call of `train_step` did: this rank's sums, the flags OR-ed over the ranks
+    (host flags first, then device flags) and whether the optimizer step was taken."""
+
+    sums: torch.Tensor  # (4,) float64 on device: loss, nll, target tokens, source tokens
+    flags: list[bool]
+    completed: bool
+    micro_batches_run: int = 0  # of an incomplete step: 0 = skipped, else abandoned after
+
+
 def train_step(
     engine: Any,
     batches: list[Batch],
@@ -20,18 +33,21 @@ def train_step(
     epsilon: float,
     flags: list[bool],
     device_flags: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, list[bool]]:
+    abandon: Callable[[int], bool] | None = None,
+) -> StepResult:
     """One optimizer step over `batches` (the accumulation micro-batches of this rank).
 
     The gradient is that of (sum of token losses over all ranks and micro-batches) / (target
     tokens of the whole step), as in fairseq; DeepSpeed averages over ranks and divides by the
     accumulation count, which the factor `world * accum / tokens` undoes. The one all-reduce
-    that counts the step's tokens also carries this rank's host `flags` (a stop request, a
-    save due by the clock) and `device_flags` (e.g. the previous step's loss was not finite,
-    still on the device), so every rank acts on them at the same step; its result is the
-    step's one device-to-host sync. Padding decisions come from the batches' host metadata.
-    Returns this rank's summed (loss, nll, target tokens, source tokens), on device, and
-    each flag OR-ed over the ranks (host flags first, then device flags).
+    that counts the step's tokens also carries this rank's host `flags` (the first: a stop
+    request) and `device_flags` (e.g. the previous step's loss was not finite, still on the
+    device), so every rank acts on them at the same step; its result is the step's one
+    device-to-host sync. Padding decisions come from the batches' host metadata.
+    A stop request agreed there skips the step; `abandon(i)` (all ranks call it after
+    micro-batch i, before the last; it must agree across ranks) drops the step in flight before
+    the optimizer update. Either way `completed` is False and the engine's weights and optimizer
+    are those of the last finished step.
     """
     host = torch.tensor([sum(b.n_tgt_tokens for b in batches), *map(float, flags)])
     counts = host.to(env.device, torch.float64, non_blocking=True)
@@ -39,18 +55,23 @@ def train_step(
         counts = torch.cat([counts, device_flags.to(torch.float64)])
     dist.all_reduce(counts)
     global_tokens, *reduced = counts.tolist()
-    factor = env.world_size * len(batches) / max(global_tokens, 1.0)
+    agreed = [flag > 0 for flag in reduced]
     sums = torch.zeros(4, dtype=torch.float64, device=env.device)
-    for batch in batches:
+    if flags and agreed[0]:
+        return StepResult(sums, agreed, completed=False)
+    factor = env.world_size * len(batches) / max(global_tokens, 1.0)
+    for i, batch in enumerate(batches):
         batch = batch.to(env.device, non_blocking=True)
         loss, nll, ntok = engine(
             batch.src, batch.tgt_in, batch.tgt_out, epsilon, src_padded=batch.src_padded
         )
         engine.backward(loss * factor)
+        if abandon is not None and i < len(batches) - 1 and abandon(i):
+            return StepResult(sums, agreed, completed=False, micro_batches_run=i + 1)
         engine.step()
         sums[:3] += torch.stack([loss.detach(), nll.detach(), ntok.detach()]).double()
     sums[3] = float(sum(b.n_src_tokens for b in batches))
-    return sums, [flag > 0 for flag in reduced]
+    return StepResult(sums, agreed, completed=True)
 
 
 def nonfinite_flag(sums: torch.Tensor | None, device: torch.device) -> torch.Tensor:
