@@ -20,8 +20,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
-	$(PY) -c "import torch, deepspeed, webdataset, sentencepiece, wandb; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__)"
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,serve]'
+	$(PY) -c "import torch, deepspeed, webdataset, sentencepiece, wandb, transformers, ctranslate2; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__, 'ctranslate2', ctranslate2.__version__)"
 	touch $@
 
 lint: venv

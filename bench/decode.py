@@ -11,16 +11,28 @@ vary from 5 to 40 tokens, each output ending at its own maximum length floor(src
 sentences finish at different steps and the searches can drop the finished ones from the
 decoder batch. It also prints the decoder rows fed over the whole search (sum over steps).
 
+With --engines RUN_OR_EXPORT --data DATA_DIR it instead translates a split of a data dir with
+a trained model through every engine: ours, Transformers (the `--format hf` export) and
+CTranslate2 (fp32 and int8), the same sentences with the same beam and length penalty, and
+prints sentences/s, BLEU and the share of outputs identical to ours. The exports are written to
+a temporary directory.
+
     .venv/bin/python bench/decode.py            # d_model 256, 3+3 layers, vocab 8000
     .venv/bin/python bench/decode.py --quick    # a few seconds
     .venv/bin/python bench/decode.py --mixed --threads 1
+    .venv/bin/python bench/decode.py --engines runs/synthetic --data data/synthetic --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,7 +64,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="varied source lengths, output length limit src_len + 5, cache only",
     )
+    p.add_argument("--engines", metavar="RUN_OR_EXPORT", help="a trained model: all engines")
+    p.add_argument("--data", help="--engines: data dir whose split is translated")
+    p.add_argument("--split", default="test", choices=["valid", "test"])
+    p.add_argument("--limit", type=int, default=0, help="--engines: first N sentences (0: all)")
+    p.add_argument("--lenpen", type=float, default=0.6, help="--engines: length penalty")
     args = p.parse_args(argv)
+    if args.engines and not args.data:
+        p.error("--engines needs --data")
     if args.batch is None:
         args.batch = 256 if args.mixed else 16
     if args.quick:
@@ -149,11 +168,76 @@ def run_mixed(model: Transformer, args: argparse.Namespace) -> None:
             print(f"{name:<10}{args.batch / seconds:>10.2f}{seconds:>10.2f}{rows:>14}")
 
 
+def machine_line() -> str:
+    """CPU model, cores and whether it computes bf16 natively (what the figures depend on)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    names = [line.split(":", 1)[1].strip() for line in info.splitlines() if "model name" in line]
+    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
+    bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
+    return (
+        f"machine: {names[0] if names else platform.processor()}, {os.cpu_count()} cores, "
+        f"native bf16: {'yes' if bf16 else 'no'}, {torch.get_num_threads()} threads"
+    )
+
+
+def serving_exports(ours: Path, tmp: Path) -> list[tuple[str, Path]]:
+    """Our export plus its Transformers and CTranslate2 (fp32, int8) exports under `tmp`."""
+    from trainer.serve.export_ct2 import export_ct2
+    from trainer.serve.export_hf import export_hf
+
+    hf = export_hf(ours, tmp / "hf")
+    return [
+        ("paperscale", ours),
+        ("transformers", hf),
+        ("ctranslate2 fp32", export_ct2(hf, tmp / "ct2-float32", "float32")),
+        ("ctranslate2 int8", export_ct2(hf, tmp / "ct2-int8", "int8")),
+    ]
+
+
+def run_engines(args: argparse.Namespace) -> None:
+    """Translate one split with each engine: sentences/s, BLEU, outputs identical to ours."""
+    import sacrebleu
+
+    from data_pipeline.text import read_split_text
+    from trainer.serve.engines import AnyExport, engine_line
+
+    given = Path(args.engines)
+    ours = given / "model" if (given / "model" / "model.json").is_file() else given
+    sources, refs = read_split_text(Path(args.data), args.split)
+    if args.limit:
+        sources, refs = sources[: args.limit], refs[: args.limit]
+    print(machine_line())
+    print(
+        f"{len(sources)} sentences of {args.data} {args.split}, beam {args.beam}, "
+        f"length penalty {args.lenpen}; model {ours}"
+    )
+    print(f"{'engine':<18}{'sent/s':>10}{'BLEU':>8}{'same as ours':>14}")
+    baseline: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
+        for name, export in serving_exports(ours, Path(tmp)):
+            translator: Any = AnyExport.load(export)
+
+            def translate(t: Any = translator) -> list[str]:
+                rows = t.translate(sources, beam=args.beam, lenpen=args.lenpen)
+                return [row[0][0] for row in rows]
+
+            hyps = translate()
+            seconds = best_time(translate, args.repeats)
+            baseline = baseline or hyps
+            same = sum(h == b for h, b in zip(hyps, baseline, strict=True)) / len(hyps)
+            bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
+            print(f"{name:<18}{len(sources) / seconds:>10.2f}{bleu:>8.2f}{same:>13.1%}")
+            print(f"  {engine_line(translator)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Time the four (search, cache) settings and print sentences/s and the cache speed-up."""
     args = parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.engines:
+        run_engines(args)
+        return
     model = build_model(args)
     if args.mixed:
         run_mixed(model, args)

@@ -13,11 +13,12 @@ from trainer.run_dir import RunDir, run_dir_of_export
 
 
 def resolve_export(path: Path) -> Path:
-    """An export dir, or a run dir whose `model/` is one."""
-    from trainer.export import WEIGHTS, is_export_dir
+    """An export dir (ours, Transformers or CTranslate2), or a run dir whose `model/` is one."""
+    from trainer.export import WEIGHTS
+    from trainer.serve.formats import export_format
 
     for candidate in (path, RunDir(path).model):
-        if is_export_dir(candidate):
+        if export_format(candidate) is not None:
             return candidate
     model = RunDir(path).model.name
     raise UsageError(f"{path} is neither an export dir nor a run dir with {model}/{WEIGHTS}")
@@ -46,7 +47,7 @@ def check_decode_args(args: argparse.Namespace) -> None:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from trainer.inference import Translator
+    from trainer.serve.engines import AnyExport, engine_line
 
     check_decode_args(args)
     export = resolve_export(Path(args.model))
@@ -54,7 +55,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise UsageError(f"--input {args.input} does not exist")
     source = Path(args.input).read_text() if args.input else sys.stdin.read()
     lines = source.splitlines()
-    translator = load_translator(Translator, export)
+    translator = load_translator(AnyExport, export)
+    print(f"paperscale: engine: {engine_line(translator)}", file=sys.stderr)
     results = translator.translate(
         lines, beam=args.beam, lenpen=args.lenpen, nbest=args.nbest, max_tokens=args.max_tokens
     )
@@ -75,7 +77,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from data_pipeline.loader import read_manifest
     from data_pipeline.text import read_split_text
     from launch.evaluation import format_examples, pick_examples, score
-    from trainer.inference import Translator
+    from trainer.serve.engines import AnyExport, engine_line
 
     check_decode_args(args)
     if args.show < 0:
@@ -86,7 +88,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     sources, refs = read_split_text(data_dir, args.split)
     if args.limit:
         sources, refs = sources[: args.limit], refs[: args.limit]
-    translator = load_translator(Translator, export)
+    translator = load_translator(AnyExport, export)
+    print(f"paperscale: engine: {engine_line(translator)}", file=sys.stderr)
     hyps = [
         nbest[0][0]
         for nbest in translator.translate(
@@ -106,7 +109,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from trainer.export import export_run
+    from trainer.serve.export_run import FORMAT_NAMES, default_out, export_run_as
 
     run_dir = Path(args.run_dir)
     run = RunDir(run_dir)
@@ -115,10 +118,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     last = getattr(args, "last", 1)
     if last < 1:
         raise UsageError(f"--last must be >= 1, got {last}")
-    out = Path(args.out) if args.out else (run.model if last == 1 else run.average(last))
+    fmt_name = getattr(args, "format", "paperscale")
+    quantization = getattr(args, "quantization", None)
+    if quantization and fmt_name != "ctranslate2":
+        raise UsageError("--quantization applies to --format ctranslate2 only")
+    fmt, quantization = FORMAT_NAMES[fmt_name], quantization or "float32"
+    if args.out:
+        out = Path(args.out)
+    else:
+        out = default_out(run_dir, fmt, quantization) if last == 1 else run.average(last)
     try:
-        tags = export_run(run_dir, out, tag=getattr(args, "tag", None), last=last)
+        tags = export_run_as(
+            run_dir, out, fmt, tag=getattr(args, "tag", None), last=last, quantization=quantization
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(json.dumps({"export": str(out), "checkpoints": tags}))
+    print(json.dumps({"export": str(out), "checkpoints": tags, "format": fmt_name}))
     return 0

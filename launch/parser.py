@@ -8,6 +8,7 @@ from launch.cmd_data import cmd_corpus, cmd_prepare
 from launch.cmd_info import cmd_plan, cmd_report, cmd_status
 from launch.cmd_model import cmd_evaluate, cmd_export, cmd_translate
 from launch.cmd_train import cmd_submit, cmd_train
+from trainer.serve.formats import QUANTIZATIONS
 
 Subparsers = argparse._SubParsersAction  # the object add_subparsers returns
 
@@ -128,7 +129,18 @@ def add_export(sub: Subparsers) -> None:
     )
     export.add_argument("run_dir")
     export.add_argument("--tag", help="checkpoint tag, e.g. step_00001000 (default: latest)")
-    export.add_argument("--out", help="output dir (default RUN/model)")
+    export.add_argument("--out", help="output dir (default RUN/model, RUN/hf, RUN/ct2-<quant>)")
+    export.add_argument(
+        "--format",
+        default="paperscale",
+        choices=["paperscale", "hf", "ctranslate2"],
+        help="ours (default), a Transformers MarianMTModel, or CTranslate2 (serve extra)",
+    )
+    export.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        help="--format ctranslate2: weight type (default float32)",
+    )
     export.set_defaults(func=cmd_export)
     average = sub.add_parser(
         "average",

@@ -8,6 +8,7 @@ RUN/summary.json                how the last `train` ended (exit code, error, fi
 RUN/tb/  RUN/wandb/             TensorBoard events, the wandb run
 RUN/report.png                  curves of metrics.jsonl
 RUN/model/  RUN/averageK/       exports (trainer/export.py)
+RUN/hf/  RUN/ct2-<quantization>/   Transformers and CTranslate2 exports (trainer/serve/)
 RUN/eval_<split>.json  RUN/<split>.hyp.txt   `evaluate`'s scores and translations
 RUN/job.sbatch  RUN/slurm.json  RUN/logs/slurm-<jobid>.out   `submit`
 RUN/checkpoints/step_00000100/  DeepSpeed's files, meta.json, rank_00000.pt ..., complete
@@ -197,6 +198,15 @@ class RunDir:
     def average(self, k: int) -> Path:
         """`paperscale average --last k`'s export."""
         return self.root / f"average{k}"
+
+    @property
+    def hf_export(self) -> Path:
+        """`paperscale export --format hf`'s default output."""
+        return self.root / "hf"
+
+    def ct2_export(self, quantization: str) -> Path:
+        """`paperscale export --format ctranslate2`'s default output."""
+        return self.root / f"ct2-{quantization}"
 
     def eval_result(self, split: str) -> Path:
         return self.root / f"eval_{split}.json"

@@ -1,0 +1,57 @@
+"""One loader for every kind of export: our model, Transformers or CTranslate2.
+
+`paperscale translate` and `evaluate` take any export directory; `AnyExport.load` picks the
+engine from the files it holds (trainer/serve/formats.py), and `engine_line` names it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.export import ExportError
+from trainer.serve.formats import CTRANSLATE2, PAPERSCALE, TRANSFORMERS, export_format
+
+
+class AnyExport:
+    """`load(export_dir)` -> a translator with `.translate(lines, beam=, lenpen=, nbest=,
+    max_tokens=)`, whichever engine the directory is for."""
+
+    @staticmethod
+    def load(export_dir: Path, device: str = "cpu") -> Any:
+        kind = export_format(export_dir)
+        if kind == PAPERSCALE:
+            from trainer.inference import Translator
+
+            return Translator.load(export_dir, device)
+        if kind == TRANSFORMERS:
+            from trainer.serve.engine_hf import HFTranslator
+
+            return _loaded_or_one_line(HFTranslator.load, export_dir, device)
+        if kind == CTRANSLATE2:
+            from trainer.serve.engine_ct2 import CT2Translator
+
+            return _loaded_or_one_line(CT2Translator.load, export_dir, device)
+        raise ExportError(f"{export_dir} is not an export directory")
+
+
+def _loaded_or_one_line(load: Any, export_dir: Path, device: str) -> Any:
+    """`load(export_dir, device)`, with any failure of the library as one ExportError line."""
+    try:
+        return load(export_dir, device)
+    except ExportError:
+        raise
+    except Exception as exc:  # the libraries raise many types for a damaged directory
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        raise ExportError(f"{export_dir} cannot be loaded: {first[:200]}") from None
+
+
+def engine_line(translator: Any) -> str:
+    """One line naming the engine a translator runs on."""
+    engine = getattr(translator, "engine", None)
+    if engine is not None:
+        return str(engine)
+    return f"paperscale (torch {torch.__version__}, {translator.device})"
