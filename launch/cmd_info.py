@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from launch.usage import UsageError
 from trainer.run_dir import RunDir
@@ -91,6 +92,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"--mfu must be in (0, 1], got {args.mfu}")
     if not 0 <= args.headroom < 1:
         raise UsageError(f"--headroom must be in [0, 1), got {args.headroom}")
+    if not args.write_gbs > 0:
+        raise UsageError(f"--write-gbs must be > 0, got {args.write_gbs}")
     job = load_config(args.config, args.overrides)
     precision, how, gpu_mem, peak = plan_gpu(args, job.train.precision)
     vocab = job.model.vocab_size or job.data.vocab_size
@@ -113,5 +116,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
     )
     plan = {"vocab_size": vocab, "gpu": args.gpu, "precision_from": how, **plan}
+    plan["checkpoint"] = checkpoint_figures(plan, job, machine, precision, args.write_gbs)
     print(json.dumps(plan, indent=1) if args.json else format_plan(plan))
     return 0
+
+
+def checkpoint_figures(
+    plan: dict[str, Any], job: Any, machine: Any, precision: str, write_gbs: float
+) -> dict[str, Any]:
+    """Size and save time of one checkpoint of the planned job (its recommended ZeRO stage,
+    else the config's), and whether the save fits train.stop_grace_s."""
+    from launch.plan_save import fits_grace, save_plan
+
+    stage = plan["recommended_stage"]
+    stage = job.train.zero_stage if stage is None else stage
+    n_params = int(plan["params"]["total"])
+    save = save_plan(n_params, stage, machine.world, machine.gpus_per_node, precision, write_gbs)
+    return {
+        "stage": stage,
+        "total_gb": save.total_bytes / 1e9,
+        "bytes_per_param": save.total_bytes / n_params,
+        "busiest_node_gb": save.node_bytes / 1e9,
+        "write_gbs": write_gbs,
+        "save_s": save.seconds,
+        "grace_s": job.train.stop_grace_s,
+        "fits_grace": fits_grace(save.seconds, job.train.stop_grace_s),
+    }

@@ -236,6 +236,12 @@ def add_plan(sub: Subparsers) -> None:
     plan.add_argument(
         "--seq-len", type=int, default=32, help="mean padded sentence length for FLOPs (32)"
     )
+    plan.add_argument(
+        "--write-gbs",
+        type=float,
+        default=1.0,
+        help="GB/s a node writes checkpoints at (assumed; default 1.0): the save time",
+    )
     plan.add_argument("--json", action="store_true")
     plan.add_argument("overrides", nargs="*", metavar="key=value")
     plan.set_defaults(func=cmd_plan)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from launch.plan_save import checkpoint_lines
 from model.config import ModelConfig
 from model.params import count_parameters
 from trainer.flops import step_flops
@@ -392,4 +393,4 @@ def format_plan(plan: dict) -> str:
         f"{plan['peak_tflops']:g} TFLOP/s per rank",
         f"total            {plan['total_hours']:.1f} h for {plan['max_steps']:,} steps",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + checkpoint_lines(plan.get("checkpoint")))

@@ -11,6 +11,7 @@ latest complete checkpoint in the same run dir, under the same wandb run id.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import shutil
@@ -155,9 +156,16 @@ SCRIPT_REQUEUE = [
 ]
 
 
-def validate_job(job: JobConfig, profile: ClusterProfile) -> None:
-    """What `train` checks before starting anything, for nodes with the profile's devices."""
-    check_data_dir(job)
+def validate_job(job: JobConfig, profile: ClusterProfile, dry_run: bool = False) -> None:
+    """What `train` checks before starting anything, for nodes with the profile's devices.
+    A dry run only warns about a data dir that is not prepared yet: the script does not
+    depend on it, and it may be prepared before the job is submitted."""
+    try:
+        check_data_dir(job)
+    except ConfigError as exc:
+        if not dry_run or exc.key != "data.dir":
+            raise
+        print(f"paperscale: warning: {exc} (a real submit refuses this)", file=sys.stderr)
     if job.train.device == "cuda" and not profile.gpus_per_node:
         raise ConfigError("train.device", "cuda needs a profile with gpus_per_node >= 1")
     if job.train.precision == "fp16" and (not profile.gpus_per_node or job.train.device == "cpu"):
@@ -165,6 +173,32 @@ def validate_job(job: JobConfig, profile: ClusterProfile) -> None:
             "train.precision",
             "fp16 needs GPUs (DeepSpeed's CPU accelerator refuses it); use auto or fp32",
         )
+
+
+def with_save_lead(job: JobConfig, profile: ClusterProfile) -> ClusterProfile:
+    """The profile with a signal lead time that leaves room for the job's checkpoint save
+    (launch/plan_save.py; bf16 weights on GPUs, fp32 on CPUs, 1 GB/s per node assumed)."""
+    from launch.plan_save import save_plan, signal_lead_seconds
+    from model.config import ModelConfig
+    from model.params import count_parameters
+
+    vocab = job.model.vocab_size or job.data.vocab_size
+    n_params = count_parameters(ModelConfig(**{**job.model.__dict__, "vocab_size": vocab}))
+    ranks = profile.ranks_per_node()
+    precision = job.train.precision
+    if precision == "auto":
+        precision = "bf16" if profile.gpus_per_node else "fp32"
+    save = save_plan(
+        n_params["total"], job.train.zero_stage, profile.nodes * ranks, ranks, precision
+    )
+    lead = signal_lead_seconds(save.seconds, profile.signal_seconds)
+    if lead != profile.signal_seconds:
+        print(
+            f"paperscale: signal lead time {lead} s (the profile's {profile.signal_seconds} s is "
+            f"short of a ~{save.seconds:.0f} s save at {save.write_gbs:g} GB/s)",
+            file=sys.stderr,
+        )
+    return dataclasses.replace(profile, signal_seconds=lead)
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
@@ -205,7 +239,8 @@ def submit(args: argparse.Namespace) -> int:
             "constraint": args.constraint,
         },
     )
-    validate_job(job, profile)
+    validate_job(job, profile, args.dry_run)
+    profile = with_save_lead(job, profile)
     run_dir = job.run_dir().resolve()
     check_resume(job, run_dir)
     for name, path in (("--run-dir", run_dir), ("the working directory", Path.cwd())):

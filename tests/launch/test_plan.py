@@ -185,10 +185,39 @@ def test_cli_without_gpu_states_its_assumption() -> None:
     assert plan["peak_tflops"] == pytest.approx(790.0)
 
 
+def test_checkpoint_bytes_match_what_deepspeed_writes() -> None:
+    """14.0 bytes per parameter measured for bf16 ZeRO 2 (2 + 12); rank 0's node writes the
+    module's weights and its ranks' optimizer partitions."""
+    from launch.plan_save import fits_grace, save_plan
+
+    p = 63_000_000
+    z2 = save_plan(p, 2, world=8, ranks_per_node=8, precision="bf16")
+    assert z2.total_bytes == 14 * p and z2.node_bytes == 14 * p  # one node writes it all
+    two_nodes = save_plan(p, 2, world=16, ranks_per_node=8, precision="bf16")
+    assert two_nodes.node_bytes == 2 * p + 12 * p / 2
+    z3 = save_plan(p, 3, world=16, ranks_per_node=8, precision="bf16")
+    assert z3.node_bytes == 14 * p / 2
+    assert save_plan(p, 0, 8, 8, "fp32").total_bytes == 12 * p  # fp32 at stage 0: no masters
+    assert z2.seconds == pytest.approx(14 * p / 1e9)
+    assert fits_grace(1.0, 30.0) and not fits_grace(26.0, 30.0)
+
+
+def test_cli_states_the_save_time_and_warns_when_it_does_not_fit() -> None:
+    proc = _plan_cli("--config", "configs/big.yaml", "--gpu", "h200", "--json")
+    ckpt = json.loads(proc.stdout)["checkpoint"]
+    assert ckpt["bytes_per_param"] == pytest.approx(14.0) and ckpt["fits_grace"]
+    assert ckpt["write_gbs"] == 1.0 and ckpt["grace_s"] == 30.0
+    slow = _plan_cli("--config", "configs/big.yaml", "--gpu", "h200", "--write-gbs", "0.05")
+    assert slow.returncode == 0, slow.stderr
+    assert "checkpoint       3.00 GB" in slow.stdout and "at 0.05 GB/s per node" in slow.stdout
+    assert "warning: a save of ~60 s does not fit train.stop_grace_s=30 s" in slow.stdout
+
+
 @pytest.mark.parametrize(
     "bad, needle",
     [
         (["--gpu", "abacus"], "--gpu"),
+        (["--write-gbs", "0"], "--write-gbs"),
         (["--gpu-mem", "0"], "--gpu-mem"),
         (["--nodes", "0"], "--nodes"),
         (["--mfu", "1.5"], "--mfu"),

@@ -252,3 +252,26 @@ def test_submit_refuses_a_run_dir_it_cannot_resume(tmp_path: Path, data_dir: Pat
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.startswith("paperscale: error: checkpoint:")
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]
+
+
+def test_dry_run_prints_the_script_before_the_data_is_prepared(tmp_path: Path) -> None:
+    missing = tmp_path / "not-prepared-yet"
+    proc = run_cli(
+        "submit", "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", "local",
+        "--run-dir", str(tmp_path / "run"), "--dry-run", f"data.dir={missing}", cwd=tmp_path,
+        env={"PATH": "/nonexistent"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash") and "launch.slurm_job node" in proc.stdout
+    warnings = [x for x in proc.stderr.splitlines() if x.startswith("paperscale: warning:")]
+    assert len(warnings) == 1 and "data.dir" in warnings[0], proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_signal_lead_time_covers_a_slow_save() -> None:
+    from launch.plan_save import save_plan, signal_lead_seconds
+
+    quick = save_plan(63_000_000, 2, 8, 8, "bf16")  # the base model on one 8-GPU node
+    assert signal_lead_seconds(quick.seconds, 90) == 90  # under a second: the profile's
+    slow = save_plan(213_000_000, 2, 8, 8, "bf16", write_gbs=0.05)  # a slow file system
+    assert slow.seconds > 50 and signal_lead_seconds(slow.seconds, 90) >= 3 * slow.seconds
