@@ -14,23 +14,32 @@ decoder batch. It also prints the decoder rows fed over the whole search (sum ov
     .venv/bin/python bench/decode.py            # d_model 256, 3+3 layers, vocab 8000
     .venv/bin/python bench/decode.py --quick    # a few seconds
     .venv/bin/python bench/decode.py --mixed --threads 1
+    .venv/bin/python bench/decode.py --smoke --json rows.json   # a tiny model, seconds
+
+--json writes the sentences/s (and the cache speed-up, or the decoder rows with --mixed) as
+rows for bench/suite.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import Row, add_output_arguments, row, write_rows
 from model.config import EOS_ID, PAD_ID, ModelConfig
 from model.search import beam_search, greedy_search
 from model.transformer import Transformer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options; --quick shrinks the batch and the repeats."""
+    """Command-line options; --quick shrinks the batch and the repeats, --smoke the model too."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
@@ -52,11 +61,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="varied source lengths, output length limit src_len + 5, cache only",
     )
+    add_output_arguments(p, "d_model 32, 1+1 layers, vocab 200, --quick, outputs of 12 tokens")
     args = p.parse_args(argv)
     if args.batch is None:
         args.batch = 256 if args.mixed else 16
-    if args.quick:
+    if args.quick or args.smoke:
         args.batch, args.tgt_len, args.repeats = (32 if args.mixed else 4), 30, 1
+    if args.smoke:
+        args.d_model, args.heads, args.d_ff, args.layers, args.vocab = 32, 2, 64, 1, 200
+        args.src_len, args.tgt_len, args.max_src = 12, 12, 12
     return args
 
 
@@ -127,8 +140,8 @@ def count_rows(model: Transformer, fn: Callable[[], object]) -> int:
     return fed[0]
 
 
-def run_mixed(model: Transformer, args: argparse.Namespace) -> None:
-    """Time greedy and beam search (cache on) on a batch of varied lengths."""
+def run_mixed(model: Transformer, args: argparse.Namespace) -> list[Row]:
+    """Time greedy and beam search (cache on) on a batch of varied lengths; the rows."""
     src = mixed_batch(args)
     length = dict(max_len_a=1.0, max_len_b=5)
     searches: list[tuple[str, Callable[[], object]]] = [
@@ -142,11 +155,16 @@ def run_mixed(model: Transformer, args: argparse.Namespace) -> None:
         f"tokens incl. EOS, max output floor(src_len + 5); cache on"
     )
     print(f"{'search':<10}{'sent/s':>10}{'seconds':>10}{'decoder rows':>14}")
+    out: list[Row] = []
     with torch.inference_mode():
         for name, fn in searches:
             rows = count_rows(model, fn)
             seconds = best_time(fn, args.repeats)
             print(f"{name:<10}{args.batch / seconds:>10.2f}{seconds:>10.2f}{rows:>14}")
+            case = {"search": name, "batch": args.batch}
+            out.append(row(f"{name}, mixed lengths", args.batch / seconds, "sentences/s", **case))
+            out.append(row(f"{name}, decoder rows fed", rows, "rows", **case))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     model = build_model(args)
     if args.mixed:
-        run_mixed(model, args)
+        write_rows(args.json, run_mixed(model, args))
         return
     src = torch.randint(4, args.vocab, (args.batch, args.src_len), device=args.device)  # (B, S)
     src[:, -1] = EOS_ID
@@ -185,8 +203,14 @@ def main(argv: list[str] | None = None) -> None:
         f"greedy output identical with/without cache: {same}"
     )
     print(f"{'search':<10}{'cache sent/s':>14}{'no-cache sent/s':>17}{'speed-up':>10}")
+    out: list[Row] = []
     for name, cached, full in rows:
         print(f"{name:<10}{cached:>14.2f}{full:>17.2f}{cached / full:>9.1f}x")
+        case = {"search": name, "batch": args.batch, "tgt_len": args.tgt_len}
+        out.append(row(f"{name}, cache", cached, "sentences/s", **case))
+        out.append(row(f"{name}, no cache", full, "sentences/s", **case))
+        out.append(row(f"{name}, cache speed-up", cached / full, "x", **case))
+    write_rows(args.json, out)
 
 
 if __name__ == "__main__":

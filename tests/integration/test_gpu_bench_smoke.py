@@ -47,5 +47,5 @@ def test_gpu_bench_rejects_unknown_arguments() -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "bench/gpu.sh: unknown argument --bogus (use --smoke or --fetch-wheels)"
+        "bench/gpu.sh: unknown argument --bogus (use --smoke, --json PATH or --fetch-wheels)"
     ]
