@@ -1,4 +1,5 @@
-# paperscale: `make test` (what CI runs) and `make demo` (raw text -> BLEU on 2 CPU ranks).
+# paperscale: `make test` (what CI runs), `make demo` (raw text -> BLEU on 2 CPU ranks) and
+# `make bench` (every bench at full size -> bench/RESULTS.md).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ DEMO_RUN ?= runs/demo
 export OMP_NUM_THREADS ?= 1
 export WANDB_SILENT := true
 
-.PHONY: venv test test-fast demo lint format clean
+.PHONY: venv test test-fast demo bench lint format clean
 
 venv: $(VENV)/.installed
 
@@ -51,6 +52,11 @@ demo: venv $(DATA)/manifest.json
 	$(PS) train --config configs/tiny.yaml --nproc 2 --run-dir $(DEMO_RUN) data.dir=$(DATA)
 	$(PS) evaluate $(DEMO_RUN) --data $(DATA) --split test --beam 4 --show 5
 	$(PS) status $(DEMO_RUN)
+
+# Every bench in bench/ at full size, one after another (hours on a small CPU machine); rewrites
+# bench/RESULTS.md. BENCH_ONLY=decode,sinks runs some and replaces only their tables.
+bench: venv $(CORPUS)/corpus.json
+	$(PY) -m bench.suite $(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 
 clean:
 	rm -rf $(DEMO_RUN) .pytest_cache

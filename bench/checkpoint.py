@@ -7,7 +7,12 @@ Run under torchrun so every rank writes its ZeRO partition, e.g.
 
 One optimizer step on random tokens fills the Adam moments, then the real save path
 (trainer.checkpointer.CheckpointManager.save: DeepSpeed files, per-rank state, `latest`
-last) is timed, and the restore path after it.
+last) is timed, and the restore path after it. The engine is in the precision a training run
+would pick on this machine (`train.precision: auto` settled as the trainer settles it), which
+sets the bytes per parameter.
+
+`--smoke` takes the tiny preset at d_model 32 and vocabulary 64 (seconds); `--json PATH` writes
+the size, bytes per parameter and save / load seconds as rows for bench/suite.py.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
 from launch.config import load_config
 from model.config import ModelConfig
 from model.loss import label_smoothed_loss
@@ -39,11 +45,16 @@ def main() -> None:
     parser.add_argument("--config", default="configs/base.yaml")
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     parser.add_argument("overrides", nargs="*")
+    add_output_arguments(parser, "configs/tiny.yaml at d_model 32, 1+1 layers, vocabulary 64")
     args = parser.parse_args()
+    if args.smoke:
+        args.config = "configs/tiny.yaml"
+        args.overrides = [*SMOKE_MODEL, "data.vocab_size=64", *args.overrides]
     job = load_config(args.config, args.overrides)
     env = init_distributed("cpu")
     vocab = job.model.vocab_size or job.data.vocab_size
     model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+    job = settle_precision(job, env, model_cfg)
     torch.manual_seed(job.train.seed)
     engine = build_engine(job, model_cfg, env)
     src = torch.randint(4, vocab, (8, 32))  # (B, S)
@@ -81,6 +92,23 @@ def main() -> None:
               f"({size / params:.1f} bytes per parameter)")  # fmt: skip
         print(f"save              {saved:.1f} s ({size / 2**20 / saved:,.0f} MiB/s)")
         print(f"load              {loaded:.1f} s")
+        case = {
+            "config": args.config,
+            "parameters": params,
+            "ranks": env.world_size,
+            "zero_stage": job.train.zero_stage,
+            "precision": job.train.precision,
+        }
+        write_rows(
+            args.json,
+            [
+                row("checkpoint size", size / 2**20, "MiB", files=len(files), **case),
+                row("bytes per parameter", size / params, "bytes", **case),
+                row("save", saved, "s", **case),
+                row("save rate", size / 2**20 / saved, "MiB/s", **case),
+                row("load", loaded, "s", **case),
+            ],
+        )
     dist.barrier()
     if env.is_main and not args.dir:
         shutil.rmtree(base, ignore_errors=True)

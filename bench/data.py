@@ -25,6 +25,10 @@ peak memory, shard bytes per sample -- measured side by side in one run on a rea
    pages shared after fork once) during the sentencepiece stage and during the shard stage.
    The sentencepiece stage grows with the corpus until ``input_sentence_size`` sentences (2M
    by default, i.e. 1M pairs) and stays there; the shard stage should not grow at all.
+
+``--smoke``: without ``--corpus``, a synthetic corpus of 2,000 pairs written under ``--work``;
+vocabulary 200, 0.5 s per loader measurement, one ``--pairs`` run of 3,000 (seconds).
+``--json PATH`` writes the figures of every table as rows for bench/suite.py.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import Row, add_output_arguments, row, write_rows
 from data_pipeline.batching import Sample, plan_batches, round_up
 from data_pipeline.config import DataConfig
 from data_pipeline.loader import TokenBatchStream
@@ -322,9 +327,23 @@ PADDING_ROWS = [
 # --------------------------------------------------------------------------------------------
 
 
+def smoke_corpus(work: Path) -> Path:
+    """A small synthetic corpus (train/valid/test .en/.de) under `work`, written once."""
+    from data_pipeline.corpus.synthetic import write_synthetic
+
+    out = work / "corpus-smoke"
+    if not (out / "corpus.json").is_file():
+        write_synthetic(out, n_train=2000, n_valid=50, n_test=50, seed=1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--corpus", type=Path, default=Path("/tmp/corpus-real"), help="train/valid/test")
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        help="train/valid/test (default /tmp/corpus-real; --smoke: synthetic)",
+    )
     p.add_argument("--work", type=Path, default=Path("/tmp/bench-data"), help="scratch directory")
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--max-tokens", type=int, default=4096)
@@ -338,20 +357,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--skip-loader", action="store_true")
     p.add_argument("--prepare-only", action="store_true", help="only the --pairs runs (4.)")
+    add_output_arguments(p, "a 2,000-pair synthetic corpus, vocabulary 200, 0.5 s loader runs")
     a = p.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
+    if a.smoke:
+        a.vocab_size, a.seconds, a.pairs, a.spm_sentences = 200, 0.5, [3000], 5000
+        if a.corpus is None:
+            a.corpus = smoke_corpus(a.work)
+    if a.corpus is None:
+        a.corpus = Path("/tmp/corpus-real")
     print(f"# bench.data  corpus={a.corpus}  load average {os.getloadavg()[0]:.1f} at start")
 
+    rows: list[Row] = []
     if not a.prepare_only:
-        measure_data(a)
+        rows += measure_data(a)
     if a.pairs:
-        measure_prepare(a)
+        rows += measure_prepare(a)
     print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
+    write_rows(a.json, [{**r, "corpus": str(a.corpus)} for r in rows])
     return 0
 
 
-def measure_data(a: argparse.Namespace) -> None:
-    """Sections 1-3: shard bytes, loader tokens/s, padding."""
+def measure_data(a: argparse.Namespace) -> list[Row]:
+    """Sections 1-3: shard bytes, loader tokens/s, padding; their rows."""
+    rows: list[Row] = []
     # 1. shards: plain and gzip.
     data: dict[str, Path] = {}
     prep: dict[str, dict[str, Any]] = {}
@@ -368,6 +397,10 @@ def measure_data(a: argparse.Namespace) -> None:
             f"{kind:8} {r['manifest']['splits']['train']['samples']:>11} "
             f"{r['bytes_per_sample']:>12.0f} {r['lines'] / r['shard_s']:>9.0f} {r['spm_s']:>6.1f}"
         )
+        rows.append(row(f"shard bytes per sample, {kind}", r["bytes_per_sample"], "bytes",
+                        shards=kind))  # fmt: skip
+        rows.append(row(f"prepare shard stage, {kind}", r["lines"] / r["shard_s"], "pairs/s",
+                        shards=kind, workers=2))  # fmt: skip
 
     # 2. loader.
     if not a.skip_loader:
@@ -384,6 +417,9 @@ def measure_data(a: argparse.Namespace) -> None:
                     f"{r['batches_s']:>9.1f} {r['startup_s']:>7.2f} "
                     f"{r['tokens_s_with_start']:>10.0f}"
                 )
+                case = {"shards": kind, "workers": workers, "max_tokens": a.max_tokens}
+                rows.append(row(f"loader, {kind}, {workers} workers", r["tokens_s"], "tokens/s",
+                                startup_s=r["startup_s"], **case))  # fmt: skip
 
     # 3. padding.
     lens = read_lengths(data["tar"], 256)
@@ -413,10 +449,17 @@ def measure_data(a: argparse.Namespace) -> None:
             f"{r['rounding']:>8.1%} {r['mismatch']:>8.1%} {r['fill']:>6.1%} {r['batches']:>7} "
             f"{r['rows_multiple']:>6.1%}"
         )
+        setting = f"v{version}, pad {pm}, batch multiple {bm}, bucket {bw}, window {window}"
+        rows.append(row(f"padding, {setting}", 100 * r["padding"], "%",
+                        rounding_pct=100 * r["rounding"], mismatch_pct=100 * r["mismatch"],
+                        fill_pct=100 * r["fill"], batches=r["batches"],
+                        max_tokens=a.max_tokens))  # fmt: skip
+    return rows
 
 
-def measure_prepare(a: argparse.Namespace) -> None:
-    """Section 4: prepare pairs/s and peak memory against corpus size."""
+def measure_prepare(a: argparse.Namespace) -> list[Row]:
+    """Section 4: prepare pairs/s and peak memory against corpus size; their rows."""
+    rows: list[Row] = []
     if a.pairs:
         print(f"\n## prepare, 2 workers, input_sentence_size {a.spm_sentences}")
         print(
@@ -439,7 +482,20 @@ def measure_prepare(a: argparse.Namespace) -> None:
                 f"{r['worker_kb'] / 1024:>8.0f} {r['spm_peak'] / 2**20:>11.0f} "
                 f"{r['shard_peak'] / 2**20:>13.0f}"
             )
+            case = {"pairs": pairs, "workers": 2, "spm_sentences": a.spm_sentences}
+            rows += [
+                row(f"prepare {pairs} pairs, shard stage", r["lines"] / r["shard_s"], "pairs/s",
+                    wall_s=r["wall"], spm_s=r["spm_s"], **case),
+                row(f"prepare {pairs} pairs, peak RSS main", r["main_kb"] / 1024, "MB", **case),
+                row(f"prepare {pairs} pairs, peak RSS largest child", r["worker_kb"] / 1024,
+                    "MB", **case),
+                row(f"prepare {pairs} pairs, tree PSS sentencepiece stage",
+                    r["spm_peak"] / 2**20, "MB", **case),
+                row(f"prepare {pairs} pairs, tree PSS shard stage", r["shard_peak"] / 2**20,
+                    "MB", **case),
+            ]  # fmt: skip
             shutil.rmtree(a.work / f"data-{pairs}", ignore_errors=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -21,6 +21,11 @@ a temporary directory.
     .venv/bin/python bench/decode.py --quick    # a few seconds
     .venv/bin/python bench/decode.py --mixed --threads 1
     .venv/bin/python bench/decode.py --engines runs/synthetic --data data/synthetic --threads 1
+    .venv/bin/python bench/decode.py --smoke --json rows.json   # a tiny model, seconds
+    .venv/bin/python bench/decode.py --engines-smoke --json rows.json   # every engine, seconds
+
+--json writes the sentences/s (and the cache speed-up, or the decoder rows with --mixed, or
+each engine's sentences/s and BLEU with --engines) as rows for bench/suite.py.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,13 +42,16 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import Row, add_output_arguments, row, write_rows
 from model.config import EOS_ID, PAD_ID, ModelConfig
 from model.search import beam_search, greedy_search
 from model.transformer import Transformer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options; --quick shrinks the batch and the repeats."""
+    """Command-line options; --quick shrinks the batch and the repeats, --smoke the model too."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
@@ -69,13 +78,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split", default="test", choices=["valid", "test"])
     p.add_argument("--limit", type=int, default=0, help="--engines: first N sentences (0: all)")
     p.add_argument("--lenpen", type=float, default=0.6, help="--engines: length penalty")
+    p.add_argument(
+        "--engines-smoke",
+        action="store_true",
+        help="--engines on a tiny untrained model and a few synthetic sentences (seconds)",
+    )
+    add_output_arguments(p, "d_model 32, 1+1 layers, vocab 200, --quick, outputs of 12 tokens")
     args = p.parse_args(argv)
     if args.engines and not args.data:
         p.error("--engines needs --data")
+    if args.engines_smoke:
+        args.limit = 0
     if args.batch is None:
         args.batch = 256 if args.mixed else 16
-    if args.quick:
+    if args.quick or args.smoke:
         args.batch, args.tgt_len, args.repeats = (32 if args.mixed else 4), 30, 1
+    if args.smoke:
+        args.d_model, args.heads, args.d_ff, args.layers, args.vocab = 32, 2, 64, 1, 200
+        args.src_len, args.tgt_len, args.max_src = 12, 12, 12
     return args
 
 
@@ -146,8 +166,8 @@ def count_rows(model: Transformer, fn: Callable[[], object]) -> int:
     return fed[0]
 
 
-def run_mixed(model: Transformer, args: argparse.Namespace) -> None:
-    """Time greedy and beam search (cache on) on a batch of varied lengths."""
+def run_mixed(model: Transformer, args: argparse.Namespace) -> list[Row]:
+    """Time greedy and beam search (cache on) on a batch of varied lengths; the rows."""
     src = mixed_batch(args)
     length = dict(max_len_a=1.0, max_len_b=5)
     searches: list[tuple[str, Callable[[], object]]] = [
@@ -161,11 +181,16 @@ def run_mixed(model: Transformer, args: argparse.Namespace) -> None:
         f"tokens incl. EOS, max output floor(src_len + 5); cache on"
     )
     print(f"{'search':<10}{'sent/s':>10}{'seconds':>10}{'decoder rows':>14}")
+    out: list[Row] = []
     with torch.inference_mode():
         for name, fn in searches:
             rows = count_rows(model, fn)
             seconds = best_time(fn, args.repeats)
             print(f"{name:<10}{args.batch / seconds:>10.2f}{seconds:>10.2f}{rows:>14}")
+            case = {"search": name, "batch": args.batch}
+            out.append(row(f"{name}, mixed lengths", args.batch / seconds, "sentences/s", **case))
+            out.append(row(f"{name}, decoder rows fed", rows, "rows", **case))
+    return out
 
 
 def machine_line() -> str:
@@ -194,25 +219,24 @@ def serving_exports(ours: Path, tmp: Path) -> list[tuple[str, Path]]:
     ]
 
 
-def run_engines(args: argparse.Namespace) -> None:
+def run_engines(args: argparse.Namespace, ours: Path, data: Path) -> list[Row]:
     """Translate one split with each engine: sentences/s, BLEU, outputs identical to ours."""
     import sacrebleu
 
     from data_pipeline.text import read_split_text
     from trainer.serve.engines import AnyExport, engine_line
 
-    given = Path(args.engines)
-    ours = given / "model" if (given / "model" / "model.json").is_file() else given
-    sources, refs = read_split_text(Path(args.data), args.split)
+    sources, refs = read_split_text(data, args.split)
     if args.limit:
         sources, refs = sources[: args.limit], refs[: args.limit]
     print(machine_line())
     print(
-        f"{len(sources)} sentences of {args.data} {args.split}, beam {args.beam}, "
+        f"{len(sources)} sentences of {data} {args.split}, beam {args.beam}, "
         f"length penalty {args.lenpen}; model {ours}"
     )
     print(f"{'engine':<18}{'sent/s':>10}{'BLEU':>8}{'same as ours':>14}")
     baseline: list[str] = []
+    out: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
         for name, export in serving_exports(ours, Path(tmp)):
             translator: Any = AnyExport.load(export)
@@ -228,6 +252,31 @@ def run_engines(args: argparse.Namespace) -> None:
             bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
             print(f"{name:<18}{len(sources) / seconds:>10.2f}{bleu:>8.2f}{same:>13.1%}")
             print(f"  {engine_line(translator)}")
+            case = {"engine": name, "beam": args.beam, "lenpen": args.lenpen}
+            out.append(
+                row(f"{name}, beam {args.beam}", len(sources) / seconds, "sentences/s", **case)
+            )
+            out.append(row(f"{name}, BLEU", bleu, "BLEU", **case))
+            out.append(row(f"{name}, same output as ours", 100 * same, "%", **case))
+    return out
+
+
+def smoke_export(tmp: Path) -> tuple[Path, Path]:
+    """A tiny untrained model exported with a sentencepiece model, and a data dir of a few
+    synthetic pairs: what --engines needs, built in seconds."""
+    from data_pipeline.corpus import write_synthetic
+    from data_pipeline.prepare import prepare
+    from trainer.export import write_export
+
+    write_synthetic(tmp / "corpus", n_train=300, n_valid=8, n_test=12, seed=1)
+    prepare(tmp / "corpus", tmp / "data", vocab_size=64, workers=0, log=lambda _: None)
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_heads=2, d_ff=64, encoder_layers=1,
+                      decoder_layers=1, dropout=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    state = {k: v.float() for k, v in Transformer(cfg).state_dict().items()}
+    out = tmp / "model"
+    write_export(out, state, cfg.__dict__, {}, tmp / "data" / "spm.model")
+    return out, tmp / "data"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,12 +284,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.engines_smoke:
+        args.repeats = 1
+        with tempfile.TemporaryDirectory(prefix="bench-decode-smoke-") as tmp:
+            ours, data = smoke_export(Path(tmp))
+            write_rows(args.json, run_engines(args, ours, data))
+        return
     if args.engines:
-        run_engines(args)
+        given = Path(args.engines)
+        ours = given / "model" if (given / "model" / "model.json").is_file() else given
+        write_rows(args.json, run_engines(args, ours, Path(args.data)))
         return
     model = build_model(args)
     if args.mixed:
-        run_mixed(model, args)
+        write_rows(args.json, run_mixed(model, args))
         return
     src = torch.randint(4, args.vocab, (args.batch, args.src_len), device=args.device)  # (B, S)
     src[:, -1] = EOS_ID
@@ -269,8 +326,14 @@ def main(argv: list[str] | None = None) -> None:
         f"greedy output identical with/without cache: {same}"
     )
     print(f"{'search':<10}{'cache sent/s':>14}{'no-cache sent/s':>17}{'speed-up':>10}")
+    out: list[Row] = []
     for name, cached, full in rows:
         print(f"{name:<10}{cached:>14.2f}{full:>17.2f}{cached / full:>9.1f}x")
+        case = {"search": name, "batch": args.batch, "tgt_len": args.tgt_len}
+        out.append(row(f"{name}, cache", cached, "sentences/s", **case))
+        out.append(row(f"{name}, no cache", full, "sentences/s", **case))
+        out.append(row(f"{name}, cache speed-up", cached / full, "x", **case))
+    write_rows(args.json, out)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #   bash bench/gpu.sh                  # on a GPU machine, from the repository root (< 8 min)
 #   bash bench/gpu.sh --smoke          # the same code path on CPU at tiny size (CI runs it)
 #   bash bench/gpu.sh --fetch-wheels   # here, with network: wheels a bare GPU image lacks
+#   bash bench/gpu.sh [--smoke] --json ROWS.json   # also the figures as rows for bench/suite.py
 #
 # Python: $PYTHON, else .venv/bin/python, else python3 (a GPU image's own torch). Packages the
 # image lacks (deepspeed, omegaconf, pydantic, ...) travel as wheels in .whl/ (written by
@@ -12,15 +13,22 @@
 # temporary directory on PYTHONPATH first. Each configuration runs in its own process, so
 # that one engine's memory never counts in the next one's peak.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 MODE=gpu
-case "${1:-}" in
-    --smoke) MODE=smoke ;;
-    --fetch-wheels) MODE=fetch ;;
-    "") ;;
-    *) echo "bench/gpu.sh: unknown argument ${1} (use --smoke or --fetch-wheels)" >&2; exit 2 ;;
-esac
+JSON=
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --smoke) MODE=smoke ;;
+        --fetch-wheels) MODE=fetch ;;
+        --json)
+            if [[ $# -lt 2 ]]; then echo "bench/gpu.sh: --json needs a PATH" >&2; exit 2; fi
+            JSON=$2; [[ $JSON == /* ]] || JSON="$PWD/$JSON"; shift ;;
+        *) echo "bench/gpu.sh: unknown argument ${1} (use --smoke, --json PATH or --fetch-wheels)" >&2
+           exit 2 ;;
+    esac
+    shift
+done
+cd "$(dirname "$0")/.."
 
 pick_python() {
     if [[ -n "${PYTHON:-}" ]]; then echo "$PYTHON"
@@ -112,7 +120,7 @@ for zero in 1 2; do
 done
 echo
 echo "== bench/gpu.sh ($MODE): $CONFIG, $TOKENS tokens per side per step"
-"$PY" bench/gpu_bench.py --table "$ROWS"
+"$PY" bench/gpu_bench.py --table "$ROWS" ${JSON:+--json "$JSON"}
 rows=$(wc -l < "$ROWS")
 if [[ $rows -ne 4 ]]; then
     echo "bench/gpu.sh: only $rows of 4 configurations finished" >&2

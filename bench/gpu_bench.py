@@ -8,7 +8,8 @@ fed micro-batches of random tokens shaped like the paper's: sentences of --seq-l
 (no padding) with --tokens per side per step. Attention runs through SDPA restricted to the
 fused kernels (flash; memory-efficient where a boolean mask is passed, as for the decoder's
 causal mask); on a CPU the math kernel is allowed too. `train.compile=true` as an override
-compiles the model. Appends one JSON row to --out; `--table ROWS.jsonl` prints the table.
+compiles the model. Appends one JSON row to --out; `--table ROWS.jsonl` prints the table, and
+with `--json PATH` also writes its figures as rows for bench/suite.py.
 """
 
 from __future__ import annotations
@@ -144,6 +145,31 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def result_rows(rows: list[dict]) -> list[dict]:
+    """The table's figures as the suite's rows, one set per configuration (ZeRO, compile)."""
+    out = []
+    for r in rows:
+        name = f"ZeRO {r['zero']}, compile {'yes' if r['compile'] else 'no'}"
+        case = {
+            "zero": r["zero"],
+            "compile": r["compile"],
+            "precision": r["precision"],
+            "device": r["device"],
+            "params": r["params"],
+            "tokens_per_step": r["tokens_per_step"],
+        }
+        out += [
+            {"figure": f"{name}: tokens/s", "value": r["tokens_per_s"], "unit": "tokens/s", **case},
+            {"figure": f"{name}: step", "value": r["step_s"], "unit": "s", **case},
+            {"figure": f"{name}: MFU (table peak)", "value": r["mfu"], "unit": "fraction", **case},
+            {"figure": f"{name}: MFU (measured matmul peak)", "value": r["mfu_measured_peak"],
+             "unit": "fraction", **case},
+            {"figure": f"{name}: peak memory", "value": r["peak_mem_gib"], "unit": "GiB", **case},
+            {"figure": f"{name}: loss", "value": r["loss"], "unit": "loss", **case},
+        ]  # fmt: skip
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/big.yaml")
@@ -154,11 +180,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--out", help="append the row to this JSONL file")
     parser.add_argument("--table", help="print the table of this JSONL file and exit")
+    parser.add_argument("--json", metavar="PATH", help="with --table: write the rows to PATH")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     if args.table:
         rows = [json.loads(x) for x in Path(args.table).read_text().splitlines() if x.strip()]
         print(format_table(rows))
+        if args.json:
+            from bench.common import write_rows
+
+            write_rows(args.json, result_rows(rows))
         return
     row = run(args)
     print(json.dumps(row), flush=True)

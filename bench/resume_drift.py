@@ -8,6 +8,9 @@ rank_XXXXX.pt files), and prints the largest per-step loss difference on each ra
 
     DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 \
         bench/resume_drift.py --dir /tmp/resume_drift
+
+`--smoke` trains 2 + 2 steps instead of 3 + 3 (the drift shows from the first step after the
+load); `--json PATH` writes the four largest differences as rows for bench/suite.py.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,10 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import add_output_arguments, row, write_rows
 
 
 def build(optimizer: str) -> Any:
@@ -55,33 +63,39 @@ def run(engine: Any, steps: range, rank: int) -> list[float]:
     return out
 
 
-def drift(optimizer: str, rng_from: str, work: Path, rank: int) -> float:
+def drift(optimizer: str, rng_from: str, work: Path, rank: int, half: int = 3) -> float:
+    """Largest loss difference between 2 * `half` steps straight and `half` + save + load +
+    `half`, on this rank."""
     engine = build(optimizer)
     torch.manual_seed(100 + rank)  # each rank its own dropout stream, as in real training
-    straight = run(engine, range(6), rank)
+    straight = run(engine, range(2 * half), rank)
     engine = build(optimizer)
     torch.manual_seed(100 + rank)
-    first = run(engine, range(3), rank)
+    first = run(engine, range(half), rank)
     own_rng = torch.get_rng_state()
     ckpt = work / f"{optimizer}-{rng_from}"
     engine.save_checkpoint(str(ckpt), tag="t", client_state={"rng": own_rng})
     engine = build(optimizer)
     _, client = engine.load_checkpoint(str(ckpt), tag="t")
     torch.set_rng_state(client["rng"] if rng_from == "client_state" else own_rng)
-    resumed = first + run(engine, range(3, 6), rank)
+    resumed = first + run(engine, range(half, 2 * half), rank)
     return max(abs(a - b) for a, b in zip(straight, resumed, strict=True))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/resume_drift"))
+    add_output_arguments(parser, "2 + 2 steps instead of 3 + 3")
     args = parser.parse_args()
+    half = 2 if args.smoke else 3
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
     rows = []
     for optimizer in ("FusedAdam", "torch.optim.Adam"):
         for rng_from in ("client_state", "per-rank file"):
-            diff = torch.tensor([drift(optimizer, rng_from, args.dir, rank)], dtype=torch.float64)
+            diff = torch.tensor(
+                [drift(optimizer, rng_from, args.dir, rank, half)], dtype=torch.float64
+            )
             dist.all_reduce(diff, op=dist.ReduceOp.MAX)
             rows.append((optimizer, rng_from, diff.item()))
     if rank == 0:
@@ -89,6 +103,20 @@ def main() -> None:
         for optimizer, rng_from, diff in rows:
             print(f"{optimizer:<18} {rng_from:<18} {diff:.3g}")
         shutil.rmtree(args.dir, ignore_errors=True)
+        write_rows(
+            args.json,
+            [
+                row(
+                    f"max |loss diff|, {optimizer}, RNG from {rng_from}",
+                    diff,
+                    "loss",
+                    optimizer=optimizer,
+                    rng_from=rng_from,
+                    steps=f"{half} + {half}",
+                )
+                for optimizer, rng_from, diff in rows
+            ],
+        )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -9,6 +9,10 @@ Each rank takes the config's micro-batches, so 2 ranks process twice the tokens 
 figure is tokens/s (source + target, all ranks) from each run's metrics.jsonl, averaged over
 the log steps after the first (the first includes start-up), and the ratio 2-rank / 1-rank
 (2.0 = linear). Without --data a synthetic corpus is prepared under --work first.
+
+`--smoke`: 2,000 synthetic pairs, d_model 32, one 1-rank and one 2-rank run of 4 steps logged
+every 2 (seconds of training, most of the time is start-up); `--json PATH` writes both tokens/s
+and the ratio as rows for bench/suite.py.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows  # noqa: E402
 from bench.train_overhead import prepare_synthetic  # noqa: E402
 
 
@@ -70,10 +75,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("overrides", nargs="*")
+    add_output_arguments(parser, "2,000 pairs, d_model 32, 1 repeat of 4 steps logged every 2")
     args = parser.parse_args()
+    pairs = 20000
+    if args.smoke:
+        pairs, args.steps, args.log_every, args.repeats = 2000, 4, 2, 1
+        args.overrides = [*SMOKE_MODEL, *args.overrides]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    data = Path(args.data) if args.data else prepare_synthetic(work)
+    data = Path(args.data) if args.data else prepare_synthetic(work, pairs)
     speeds: dict[int, list[float]] = {1: [], 2: []}
     for repeat in range(args.repeats):
         for nproc in (1, 2):
@@ -85,6 +95,15 @@ def main() -> None:
     print(f"1 rank    {one:9.0f} tokens/s")
     print(f"2 ranks   {two:9.0f} tokens/s")
     print(f"ratio     {two / one:9.2f}  (2 ranks / 1 rank; 2.0 = linear, {os.cpu_count()} cores)")
+    case = {"config": args.config, "steps": args.steps, "repeats": args.repeats}
+    write_rows(
+        args.json,
+        [
+            row("1 rank", one, "tokens/s", **case),
+            row("2 ranks", two, "tokens/s", **case),
+            row("ratio 2 ranks / 1 rank (2.0 = linear)", two / one, "x", **case),
+        ],
+    )
 
 
 if __name__ == "__main__":

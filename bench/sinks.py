@@ -5,14 +5,17 @@ The real DeepSpeed engine (world of one, CPU or GPU) trains the tiny preset's mo
 token batches. Blocks of steps alternate between the two sink sets (ABBA order, so drift in
 machine load hits both alike); every step is a log step (the worst case: the presets log every
 20-100 steps) and builds the same record the trainer logs. Opening and closing the sinks is
-outside the timed blocks and reported on its own. Prints the median ratio of step times.
+outside the timed blocks and reported on its own. Prints the median ratio of step times. The
+engine trains in the precision a training run would pick on this machine (`auto`).
 
     OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu python -m bench.sinks --repeats 4 --steps 15
+    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu python -m bench.sinks --smoke --json rows.json
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 import time
@@ -21,6 +24,7 @@ from typing import Any
 
 import torch
 
+from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
 from data_pipeline.batching import Batch
 from launch.config import load_config
 from model.config import BOS_ID, EOS_ID
@@ -64,7 +68,12 @@ def open_all(run_dir: Path, run_id: str) -> list[Sink]:
 
 
 def timed_block(
-    engine: Any, env: Any, batches: list[Batch], logger: MetricsLogger, first_step: int
+    engine: Any,
+    env: Any,
+    batches: list[Batch],
+    logger: MetricsLogger,
+    first_step: int,
+    precision: str,
 ) -> float:
     """Mean seconds per step over `batches`, logging a full record after every step."""
     start = time.perf_counter()
@@ -75,7 +84,7 @@ def timed_block(
         record = {
             "loss": loss_sum / tgt,
             "lr": engine.get_lr()[0],
-            **optimizer_metrics(engine, "bf16"),
+            **optimizer_metrics(engine, precision),
             "tokens_per_s": src + tgt,
             **memory_metrics(env.device),
         }
@@ -89,16 +98,23 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=15, help="steps per timed block")
     p.add_argument("--rows", type=int, default=32)
     p.add_argument("--length", type=int, default=32)
+    add_output_arguments(p, "1 round of 2-step blocks, 8x16 tokens, d_model 32, vocab 64")
     args = p.parse_args()
+    overrides = ["model.vocab_size=8000", "train.grad_accum=1"]
+    if args.smoke:
+        args.repeats, args.steps, args.rows, args.length = 1, 2, 8, 16
+        overrides = [*SMOKE_MODEL, "model.vocab_size=64", "train.grad_accum=1"]
 
-    job = load_config(ROOT / "configs/tiny.yaml", ["model.vocab_size=8000", "train.grad_accum=1"])
+    job = load_config(ROOT / "configs/tiny.yaml", overrides)
     env = init_distributed("auto")
+    job = settle_precision(job, env, job.model)
+    precision = job.train.precision
     engine = build_engine(job, job.model, env)
     gen = torch.Generator().manual_seed(0)
     vocab = int(job.model.vocab_size or 8000)
     batches = [random_batch(vocab, args.rows, args.length, gen) for _ in range(args.steps)]
     base = Path(tempfile.mkdtemp(prefix="bench-sinks-"))
-    timed_block(engine, env, batches[:3], MetricsLogger([]), 0)  # warm-up
+    timed_block(engine, env, batches[:3], MetricsLogger([]), 0, precision)  # warm-up
 
     times: dict[str, list[float]] = {"off": [], "on": []}
     open_close: list[float] = []
@@ -115,21 +131,46 @@ def main() -> None:
             )
             overhead = time.perf_counter() - t0
             logger = MetricsLogger(sinks)
-            times[arm].append(timed_block(engine, env, batches, logger, step))
+            times[arm].append(timed_block(engine, env, batches, logger, step, precision))
             t0 = time.perf_counter()
             logger.close()
             if arm == "on":
                 open_close.append(overhead + time.perf_counter() - t0)
             step += len(batches)
 
+    shutil.rmtree(base, ignore_errors=True)
     ratios = [on / off for on, off in zip(times["on"], times["off"], strict=True)]
-    print(f"device {env.device}, {args.rows}x{args.length} tokens per side, log every step")
+    print(
+        f"device {env.device}, {precision}, {args.rows}x{args.length} tokens per side, "
+        "log every step"
+    )
     print(f"step time, jsonl only:               median {statistics.median(times['off']):.4f} s")
     print(f"step time, jsonl + tensorboard + wandb: median {statistics.median(times['on']):.4f} s")
     print(f"ratio (sinks on / off), per block pair: {', '.join(f'{x:.3f}' for x in ratios)}")
     print(f"median ratio: {statistics.median(ratios):.3f}  (goal <= 1.05)")
     print(
         f"open + close of tensorboard + wandb per run: median {statistics.median(open_close):.2f} s"
+    )
+    case = {"rows": args.rows, "length": args.length, "precision": precision}
+    write_rows(
+        args.json,
+        [
+            row("step time, jsonl only", statistics.median(times["off"]), "s", **case),
+            row(
+                "step time, jsonl + tensorboard + wandb",
+                statistics.median(times["on"]),
+                "s",
+                **case,
+            ),
+            row(
+                "step time ratio, sinks on / off (median)",
+                statistics.median(ratios),
+                "x",
+                goal="<= 1.05",
+                **case,
+            ),
+            row("open + close of tensorboard + wandb", statistics.median(open_close), "s"),
+        ],
     )
 
 

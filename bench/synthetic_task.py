@@ -12,12 +12,18 @@ Exits 1 when test BLEU (beam 4) is below --min-bleu or the whole path took longe
     .venv/bin/python bench/synthetic_task.py                    # temp dir, configs/synthetic.yaml
     .venv/bin/python bench/synthetic_task.py --work /tmp/synth  # keep corpus, data and run
     .venv/bin/python bench/synthetic_task.py train.max_steps=500  # config overrides pass through
+    .venv/bin/python bench/synthetic_task.py --smoke --json rows.json  # the path in seconds
+
+`--smoke` runs the same path at a size of seconds (1,000 pairs, d_model 32, 10 steps, 20 test
+sentences) with no pass mark; `--json PATH` writes the table's figures as rows for
+bench/suite.py (written before the pass / fail verdict, so a miss still reports its figures).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -27,6 +33,20 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows  # noqa: E402
+
+SMOKE_TRAIN = [
+    *SMOKE_MODEL,
+    "train.max_steps=10",
+    "train.log_every=5",
+    "train.eval_every=0",
+    "train.bleu_every=0",
+    "train.save_every=0",
+    "logging.wandb=disabled",
+    "logging.tensorboard=false",
+]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,9 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="corpus seed (default 1)")
     p.add_argument("--min-bleu", type=float, default=90.0, help="pass mark, beam 4 (default 90)")
     p.add_argument("--budget", type=float, default=600.0, help="max total seconds (default 600)")
-    p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="passed to `train`")
-    return p.parse_args(argv)
+    add_output_arguments(p, "1,000/20/20 pairs, d_model 32, 10 steps, no pass mark")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.train, args.valid, args.test = 1000, 20, 20
+        args.min_bleu, args.budget = 0.0, float("inf")
+        args.overrides = [*SMOKE_TRAIN, *args.overrides]
+    return args
 
 
 def cli_env() -> dict[str, str]:
@@ -155,6 +180,32 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     }
 
 
+def result_rows(result: dict[str, Any], args: argparse.Namespace) -> list[Row]:
+    """The table's figures as rows (those the run produced: a run without validation has no
+    valid loss)."""
+    n = result["test_sentences"]
+    config = Path(args.config).resolve()
+    shown = config.relative_to(ROOT) if config.is_relative_to(ROOT) else config
+    case = {"config": str(shown), "nproc": args.nproc, "train_pairs": args.train}
+    budget = {"budget_s": args.budget} if math.isfinite(args.budget) else {}
+    figures = [
+        ("steps", result["steps"], "steps", {}),
+        ("train seconds (loop)", result["train_loop_s"], "s", {}),
+        ("train seconds (command)", result["seconds"]["train"], "s", {}),
+        ("tokens/s (src+tgt, all ranks)", result["tokens_per_s"], "tokens/s", {}),
+        ("final valid loss", result["valid_loss"], "loss", {}),
+        ("valid BLEU (greedy, in training)", result["valid_bleu_greedy"], "BLEU", {}),
+        ("test BLEU beam 4", result["test_bleu_beam4"], "BLEU", {"sentences": n}),
+        ("test BLEU greedy", result["test_bleu_greedy"], "BLEU", {"sentences": n}),
+        ("total seconds", result["total_s"], "s", budget),
+    ]
+    return [
+        row(name, value, unit, **case, **extra)
+        for name, value, unit, extra in figures
+        if value is not None
+    ]
+
+
 def print_table(result: dict[str, Any]) -> None:
     """The result as a two-column table."""
 
@@ -199,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="paperscale-synthetic-") as tmp:
             result = run(args, Path(tmp))
     print_table(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    write_rows(args.json, result_rows(result, args))
     failures = []
     if result["test_bleu_beam4"] < args.min_bleu:
         failures.append(f"test BLEU {result['test_bleu_beam4']:.2f} < {args.min_bleu}")

@@ -2,25 +2,35 @@
 
     OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python bench/train_overhead.py \\
         --work /tmp/bench-overhead [--data DATA_DIR] [--config configs/tiny.yaml] \\
-        [--windows 5] [--steps 10] [key=value ...]
+        [--windows 5] [--steps 10] [--smoke] [--json PATH] [key=value ...]
 
 One process (a world of one). The paperscale side is the trainer's own step: the DeepSpeed
-engine from trainer.engine.build_engine (ZeRO, bf16, accumulation as configured), batches
+engine from trainer.engine.build_engine (ZeRO and accumulation as configured), batches
 streamed by data_pipeline's TokenBatchStream from real shards, trainer.step.train_step, the
 per-step window sums and host-side FLOPs, and every `train.log_every` steps the all-reduce and
 a metrics.jsonl line through MetricsLogger. The bare side is the same Transformer in plain
-PyTorch: fp32 weights under bf16 autocast, torch.optim.AdamW, the same loss normalisation,
-replaying exactly the micro-batches the paperscale side consumed in the window before (so the
-token counts are equal and the bare side pays no data loading). Windows alternate, so the
-machine's load drifts equally on both; the figure is the ratio of summed tokens/s.
+PyTorch: its training forward (the same chunked label-smoothed loss sums), the same loss
+normalisation, torch.optim.AdamW, replaying exactly the micro-batches the paperscale side
+consumed in the window before (so the token counts are equal and the bare side pays no data
+loading). Windows alternate, so the machine's load drifts equally on both; the figure is the
+ratio of summed tokens/s.
+
+Both sides compute in the same precision, so the ratio measures the trainer's overhead and not
+a precision difference: `train.precision` is settled as a training run settles it (`auto`:
+bf16 only where the CPU computes it natively, else fp32; PAPERSCALE_CPU_BF16=0|1 forces it),
+the engine is built with it, and the bare loop runs fp32 weights under bf16 autocast when it is
+bf16 and plain fp32 otherwise.
 
 Without --data, a synthetic corpus is written and prepared under --work first (the same
-commands as tests/integration/conftest.py).
+commands as tests/integration/conftest.py). `--smoke`: 2,000 synthetic pairs, d_model 32, one
+window of 2 steps, a log line every step (seconds); `--json PATH` writes the two tokens/s and
+the ratios as rows for bench/suite.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -35,10 +45,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import (  # noqa: E402
+    SMOKE_MODEL,
+    add_output_arguments,
+    row,
+    settle_precision,
+    write_rows,
+)
 from data_pipeline.loader import Batch, TokenBatchStream  # noqa: E402
 from data_pipeline.tokenizer import Tokenizer  # noqa: E402
 from launch.config import load_config  # noqa: E402
-from model.loss import label_smoothed_loss  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
 from trainer.dist import init_distributed  # noqa: E402
 from trainer.engine import build_engine, resolve_model_config, seed_everything  # noqa: E402
@@ -46,14 +62,15 @@ from trainer.metrics import JsonlSink, MetricsLogger, Throughput  # noqa: E402
 from trainer.step import batch_flops, skipped_counts, train_step  # noqa: E402
 
 
-def prepare_synthetic(work: Path) -> Path:
-    """A synthetic corpus prepared into shards (reused when already there)."""
-    data = work / "data"
+def prepare_synthetic(work: Path, pairs: int = 20000) -> Path:
+    """A synthetic corpus of `pairs` training pairs prepared into shards (reused when there)."""
+    base = work if pairs == 20000 else work / f"synthetic-{pairs}"
+    data = base / "data"
     if (data / "manifest.json").is_file():
         return data
     cli = [sys.executable, "-m", "launch.cli"]
-    corpus = work / "corpus"
-    subprocess.run([*cli, "corpus", "synthetic", str(corpus), "--train", "20000"], check=True)
+    corpus = base / "corpus"
+    subprocess.run([*cli, "corpus", "synthetic", str(corpus), "--train", str(pairs)], check=True)
     subprocess.run([*cli, "prepare", str(corpus), str(data), "--vocab-size", "300"], check=True)
     return data
 
@@ -106,20 +123,32 @@ class PaperscaleSide:
 
 
 class BareSide:
-    """The same model in plain PyTorch: bf16 autocast, AdamW, no DeepSpeed, no loader."""
+    """The same model in plain PyTorch: AdamW, no DeepSpeed, no loader; bf16 autocast over
+    fp32 weights when the paperscale side trains in bf16, plain fp32 when it trains in fp32."""
 
-    def __init__(self, model_cfg: Any, epsilon: float) -> None:
+    def __init__(self, model_cfg: Any, epsilon: float, precision: str) -> None:
         seed_everything(1)
         self.model = Transformer(model_cfg).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98))
         self.epsilon = epsilon
+        self.bf16 = precision == "bf16"
 
     def step(self, micro: list[Batch]) -> None:
         tokens = sum(b.n_tgt_tokens for b in micro)
         for batch in micro:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
-            loss, _, _ = label_smoothed_loss(logits, batch.tgt_out, self.epsilon)
+            autocast = (
+                torch.autocast("cpu", dtype=torch.bfloat16)
+                if self.bf16
+                else contextlib.nullcontext()
+            )
+            with autocast:
+                loss, _, _ = self.model(
+                    batch.src,
+                    batch.tgt_in,
+                    batch.tgt_out,
+                    self.epsilon,
+                    src_padded=batch.src_padded,
+                )
             (loss / tokens).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -139,14 +168,20 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per side first")
     parser.add_argument("--profile", action="store_true", help="cProfile the paperscale side")
     parser.add_argument("overrides", nargs="*")
+    add_output_arguments(parser, "2,000 pairs, d_model 32, 1 window of 2 steps, log every step")
     args = parser.parse_args()
+    pairs = 20000
+    if args.smoke:
+        pairs, args.windows, args.steps, args.warmup = 2000, 1, 2, 1
+        args.overrides = [*SMOKE_MODEL, "train.log_every=1", *args.overrides]
     work = Path(args.work)
-    data_dir = Path(args.data) if args.data else prepare_synthetic(work)
+    data_dir = Path(args.data) if args.data else prepare_synthetic(work, pairs)
     job = load_config(args.config, [f"data.dir={data_dir}", *args.overrides])
     env = init_distributed("cpu")
     model_cfg = resolve_model_config(job.model, Tokenizer(data_dir / "spm.model"))
+    job = settle_precision(job, env, model_cfg)
     ours = PaperscaleSide(job, model_cfg, env, data_dir, work / "run")
-    bare = BareSide(model_cfg, model_cfg.label_smoothing)
+    bare = BareSide(model_cfg, model_cfg.label_smoothing, job.train.precision)
     for _ in range(args.warmup):
         bare.step(ours.step())
 
@@ -183,6 +218,23 @@ def main() -> None:
     print(f"ratio       {bare_total / ours_total:10.3f}  (paperscale / bare; goal >= 0.90)")
     ratios = sorted(r[3] / r[2] for r in rows)
     print(f"median      {ratios[len(ratios) // 2]:10.3f}  (of the per-window ratios)")
+    case = {
+        "config": args.config,
+        "precision": job.train.precision,
+        "zero_stage": job.train.zero_stage,
+        "grad_accum": job.train.grad_accum,
+        "windows": args.windows,
+        "steps": args.steps,
+    }
+    write_rows(
+        args.json,
+        [
+            row("paperscale step", total / ours_total, "tokens/s", **case),
+            row("bare PyTorch loop", total / bare_total, "tokens/s", **case),
+            row("ratio paperscale / bare", bare_total / ours_total, "x", goal=">= 0.90", **case),
+            row("median per-window ratio", ratios[len(ratios) // 2], "x", **case),
+        ],
+    )
     if profiler:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)

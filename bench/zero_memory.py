@@ -17,6 +17,12 @@ bucket, fp32 gradient copies) are outside both figures.
 `--bucket-elements` replaces trainer.ds_config.BUCKET_ELEMENTS in the engines and the
 prediction alike: at the default 5e8, ZeRO 3's resident 1 GB reduce bucket would dwarf a small
 model's states.
+
+Engines and prediction use the precision a training run would pick on this machine
+(`train.precision: auto` settled as the trainer settles it). `--smoke` takes the tiny preset
+at d_model 64, 2+2 layers, vocabulary 2000 and 1e5-element buckets, on 1 and 2 ranks;
+`--json PATH` writes measured / predicted per world size and stage as rows (with the measured
+and predicted bytes) for bench/suite.py.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import Row, add_output_arguments, row, settle_precision, write_rows  # noqa: E402
 from launch.config import load_config  # noqa: E402
 from launch.plan import (  # noqa: E402
     Buckets,
@@ -48,6 +55,14 @@ from model.params import count_parameters  # noqa: E402
 
 STAGES = (0, 1, 2, 3)
 TOLERANCE = 0.20
+SMOKE = [
+    "model.d_model=64",
+    "model.n_heads=2",
+    "model.d_ff=256",
+    "model.encoder_layers=2",
+    "model.decoder_layers=2",
+    "data.vocab_size=2000",
+]
 
 
 def _storages_of(obj: Any, out: dict[int, int], visited: set[int], depth: int = 0) -> None:
@@ -148,13 +163,15 @@ def worker(args: argparse.Namespace) -> None:
     env = init_distributed("cpu")
     vocab = job.model.vocab_size or job.data.vocab_size
     model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+    job = settle_precision(job, env, model_cfg)
     rows = []
     for stage in STAGES:
-        row = measure_stage(job, model_cfg, env, stage)
-        row["world"] = env.world_size
-        row["predicted"] = predicted_bytes(model_cfg, stage, env.world_size, job.train.precision)
-        row["ratio"] = row["measured"] / row["predicted"]
-        rows.append(row)
+        result = measure_stage(job, model_cfg, env, stage)
+        result["world"] = env.world_size
+        result["precision"] = job.train.precision
+        result["predicted"] = predicted_bytes(model_cfg, stage, env.world_size, job.train.precision)
+        result["ratio"] = result["measured"] / result["predicted"]
+        rows.append(result)
     if env.is_main:
         with open(args.out, "a") as fh:
             for row in rows:
@@ -185,7 +202,11 @@ def run_world(args: argparse.Namespace, world: int, out: Path) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = ["ranks  stage  optimizer                        measured MiB  predicted MiB  ratio"]
+    precision = rows[0]["precision"] if rows else "?"
+    lines = [
+        f"precision {precision}",
+        "ranks  stage  optimizer                        measured MiB  predicted MiB  ratio",
+    ]
     for r in rows:
         lines.append(
             f"{r['world']:>5}  {r['stage']:>5}  {r['optimizer']:<31}  "
@@ -200,14 +221,17 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--bucket-elements", type=int, default=0, help="0 = ds_config's")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per torchrun")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*")
+    add_output_arguments(parser, "configs/tiny.yaml at d_model 64, vocabulary 2000, 1e5 buckets")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
+    if args.smoke:
+        args.config, args.bucket_elements = "configs/tiny.yaml", 100_000
+        args.overrides = [*SMOKE, *args.overrides]
     with tempfile.TemporaryDirectory(prefix="zero-memory-") as tmp:
         out = Path(tmp) / "rows.jsonl"
         for world in args.worlds:
@@ -217,8 +241,30 @@ def main() -> None:
     print(format_table(rows))
     worst = max(abs(r["ratio"] - 1) for r in rows)
     print(f"worst |measured/predicted - 1| = {worst:.3f} (tolerance {TOLERANCE})")
-    if args.json:
-        print(json.dumps(rows))
+    write_rows(args.json, result_rows(rows, args))
+
+
+def result_rows(rows: list[dict], args: argparse.Namespace) -> list[Row]:
+    """The suite's rows: measured / predicted per world size and stage (with both byte counts
+    and the fields of the table as context), then the worst deviation."""
+    out = [
+        row(
+            f"measured / predicted, {r['world']} rank(s), ZeRO {r['stage']}",
+            r["ratio"],
+            "x",
+            world=r["world"],
+            stage=r["stage"],
+            measured=r["measured"],
+            predicted=r["predicted"],
+            optimizer=r["optimizer"],
+            precision=r["precision"],
+            config=args.config,
+        )
+        for r in rows
+    ]
+    worst = max(abs(r["ratio"] - 1) for r in rows)
+    out.append(row("worst |measured / predicted - 1|", worst, "x", tolerance=TOLERANCE))
+    return out
 
 
 if __name__ == "__main__":

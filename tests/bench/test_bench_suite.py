@@ -1,0 +1,400 @@
+"""The bench suite: every registered bench runs at smoke size through bench/suite.py (one test
+per bench, so a failure names it), and the suite's own logic (registry, failures, RESULTS.md)
+on fake benches and rows."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import suite
+from bench.common import check_rows, write_rows
+from tests.integration.conftest import ROOT, cli_env
+
+MACHINE = {
+    "cpu": "Test CPU 9000",
+    "cores": 2,
+    "native_bf16": False,
+    "gpu": "none",
+    "python": "3.11.7",
+    "torch": "2.13.0+cpu",
+    "deepspeed": "0.19.8",
+}
+
+# --------------------------------------------------------------------------------------------
+# what a bench's smoke run must show besides "exit 0 and at least one finite figure"
+
+
+def _gpu_four_configurations(outcome: suite.Outcome) -> None:
+    """bench/gpu.sh --smoke: ZeRO 1 and 2, each with and without torch.compile, train on CPU
+    through the trainer's engine and step; the final table has one row per configuration with
+    finite figures, and so do the rows."""
+    log = Path(outcome.log).read_text()
+    table = log.split("== bench/gpu.sh (smoke)")[-1]
+    assert "zero  compile" in table
+    rows = re.findall(r"^\s+([12])\s+(yes|no)\s+([\d.]+)\s+(\d+)\s", table, flags=re.M)
+    assert sorted((z, c) for z, c, _, _ in rows) == [
+        ("1", "no"),
+        ("1", "yes"),
+        ("2", "no"),
+        ("2", "yes"),
+    ]
+    for _, _, step_s, tokens_per_s in rows:
+        assert float(step_s) > 0 and int(tokens_per_s) > 0
+    losses = [
+        float(line.split()[-1]) for line in table.splitlines() if re.match(r"^\s+[12]\s", line)
+    ]
+    assert all(0 < loss < 10 for loss in losses)  # about ln(64) + smoothing at the start
+    figures = {(r["zero"], r["compile"], r["unit"]): r["value"] for r in outcome.rows}
+    for zero in (1, 2):
+        for compiled in (False, True):
+            assert figures[(zero, compiled, "tokens/s")] > 0
+            assert figures[(zero, compiled, "s")] > 0
+            assert 0 < figures[(zero, compiled, "loss")] < 10
+
+
+def _zero_memory_within_plan(outcome: suite.Outcome) -> None:
+    """The planner's per-rank model-state memory against what real DeepSpeed engines allocate:
+    one torchrun per world size (1 and 2 CPU ranks) builds the real engine for ZeRO 0-3; the
+    measured resident bytes of parameters, gradients and optimizer states must be within 20% of
+    launch.plan's prediction in all eight cases, and partitioning is real: on 2 ranks every
+    ZeRO stage >= 1 holds less than stage 0."""
+    cases = [r for r in outcome.rows if "stage" in r]  # value: measured / predicted
+    assert sorted((r["world"], r["stage"]) for r in cases) == [
+        (w, s) for w in (1, 2) for s in range(4)
+    ]
+    for r in cases:
+        assert abs(r["value"] - 1) <= 0.20, r
+    two = {r["stage"]: r["measured"] for r in cases if r["world"] == 2}
+    assert two[3] < two[1] and two[2] < two[1] < two[0]
+
+
+def _decode_cache_same_work(outcome: suite.Outcome) -> None:
+    """Both searches, with and without the cache, each with its speed-up."""
+    names = {r["figure"] for r in outcome.rows}
+    for search in ("greedy", "beam 4"):
+        assert {f"{search}, cache", f"{search}, no cache", f"{search}, cache speed-up"} <= names
+
+
+def _resume_drift_per_rank_exact(outcome: suite.Outcome) -> None:
+    """Four cases; restoring each rank's own RNG resumes exactly (the loss differences of
+    rank 0's RNG on every rank are what the bench shows)."""
+    assert len(outcome.rows) == 4
+    for r in outcome.rows:
+        if r["rng_from"] == "per-rank file":
+            assert r["value"] == 0.0, r
+
+
+def _overhead_same_precision(outcome: suite.Outcome) -> None:
+    """Both sides measured, in the precision the paperscale side settled on."""
+    by_figure = {r["figure"]: r for r in outcome.rows}
+    assert by_figure["paperscale step"]["value"] > 0
+    assert by_figure["bare PyTorch loop"]["value"] > 0
+    assert by_figure["paperscale step"]["precision"] in ("bf16", "fp32")
+
+
+CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
+    "gpu": _gpu_four_configurations,
+    "zero_memory": _zero_memory_within_plan,
+    "decode": _decode_cache_same_work,
+    "resume_drift": _resume_drift_per_rank_exact,
+    "train_overhead": _overhead_same_precision,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(b.name, id=b.name, marks=pytest.mark.timeout(b.smoke_timeout_s + 60))
+        for b in suite.REGISTRY
+    ],
+)
+def test_bench_runs_at_smoke_size(name: str, tmp_path: Path) -> None:
+    """The bench exits 0 at smoke size and reports at least one finite figure, every row a
+    proper one (figure, number, unit)."""
+    (bench,) = suite.by_name([name])
+    outcome = suite.run_bench(bench, smoke=True, work_root=tmp_path, base_env=cli_env())
+    tail = "\n".join(Path(outcome.log).read_text(errors="replace").splitlines()[-60:])
+    assert outcome.status == "ok", f"{outcome.reason}\n{tail}"
+    check_rows(outcome.rows)
+    assert any(math.isfinite(r["value"]) for r in outcome.rows), outcome.rows
+    print(f"{name}: {outcome.seconds:.1f} s (cpu {outcome.cpu_seconds:.1f} s)")
+    CHECKS.get(name, lambda _: None)(outcome)
+
+
+# --------------------------------------------------------------------------------------------
+# the registry
+
+
+def test_registry_runs_every_bench_in_bench_dir() -> None:
+    """A new bench script must be registered (or it would not run in CI): every script in
+    bench/ but the shared modules appears in some registered command."""
+    helpers = {"__init__.py", "common.py", "suite.py", "gpu_bench.py"}  # gpu.sh runs gpu_bench
+    scripts = {p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")}
+    commands = " ".join(" ".join(b.full + b.smoke) for b in suite.REGISTRY)
+    for script in sorted(scripts - helpers):
+        module = f"bench.{Path(script).stem}"
+        assert f"bench/{script}" in commands or module in commands.split(), script
+    names = [b.name for b in suite.REGISTRY]
+    assert len(names) == len(set(names))
+
+
+def test_every_smoke_command_is_a_smoke_run_with_json() -> None:
+    for b in suite.REGISTRY:
+        assert "--smoke" in b.smoke and "--smoke" not in b.full, b.name
+        for command in (b.full, b.smoke):
+            assert command[command.index("--json") + 1] == "{json}", b.name
+
+
+def test_unknown_bench_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert suite.main(["--smoke", "--only", "decode,nonesuch"]) == 2
+    assert "unknown bench(es) nonesuch" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# running fake benches: failure, timeout, not run, rows
+
+
+def fake(name: str, code: str, **kw: Any) -> suite.Bench:
+    """A bench that runs `code` (Python; sys.argv[1] is the rows file) at either size."""
+    command = ("{python}", "-c", code, "{json}")
+    return suite.Bench(
+        name,
+        f"{name} about",
+        command,
+        command,
+        {"FAKE_BENCH": "1"},
+        timeout_s=kw.pop("timeout_s", 60),
+        smoke_timeout_s=kw.pop("smoke_timeout_s", 60),
+        **kw,
+    )
+
+
+WRITES_ROWS = (
+    "import json, sys; json.dump([{'figure': 'speed', 'value': 12.5, 'unit': 'tokens/s', "
+    "'stage': 2}, {'figure': 'nan', 'value': None, 'unit': 'x'}], open(sys.argv[1], 'w'))"
+)
+
+
+def test_run_bench_collects_rows_and_reports_failures(tmp_path: Path) -> None:
+    ok = suite.run_bench(fake("ok", WRITES_ROWS), smoke=True, work_root=tmp_path)
+    assert ok.status == "ok", ok.reason
+    assert [r["figure"] for r in ok.rows] == ["speed", "nan"]
+    assert ok.rows[0]["stage"] == 2 and math.isnan(ok.rows[1]["value"])
+    assert ok.command.startswith("FAKE_BENCH=1 ") and ok.command.endswith("ok.rows.json")
+
+    crash = "import sys; print('boom: ValueError: bad input', file=sys.stderr); sys.exit(3)"
+    failed = suite.run_bench(fake("crash", crash), smoke=True, work_root=tmp_path)
+    assert failed.status == "failed"
+    assert failed.reason == "exit status 3: boom: ValueError: bad input"
+
+    silent = suite.run_bench(fake("silent", "pass"), smoke=True, work_root=tmp_path)
+    assert (silent.status, silent.reason) == ("failed", "exited 0 but wrote no rows")
+
+    slow = fake("slow", "import time; time.sleep(60)", smoke_timeout_s=1)
+    stopped = suite.run_bench(slow, smoke=True, work_root=tmp_path)
+    assert (stopped.status, stopped.reason) == ("failed", "no result within 1 s (stopped)")
+    assert stopped.seconds < 30
+
+
+def test_full_run_records_why_a_bench_cannot_run(tmp_path: Path) -> None:
+    bench = fake("needy", WRITES_ROWS, needs=lambda: "no CUDA device")
+    outcome = suite.run_bench(bench, smoke=False, work_root=tmp_path)
+    assert (outcome.status, outcome.reason, outcome.rows) == ("not run", "no CUDA device", [])
+    # the smoke run always runs
+    assert suite.run_bench(bench, smoke=True, work_root=tmp_path).status == "ok"
+
+
+def test_main_exits_1_on_a_failed_bench_and_writes_every_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = (
+        fake("good", WRITES_ROWS),
+        fake("bad", "raise SystemExit(4)"),
+        fake("gpu_only", WRITES_ROWS, needs=lambda: "no CUDA device"),
+    )
+    monkeypatch.setattr(suite, "REGISTRY", registry)
+    monkeypatch.setattr(suite, "machine_info", lambda: MACHINE)
+    results, report = tmp_path / "RESULTS.md", tmp_path / "suite.json"
+    args = ["--work-dir", str(tmp_path / "work"), "--results", str(results), "--json", str(report)]
+    assert suite.main(args) == 1
+    text = results.read_text()
+    assert [line for line in text.splitlines() if line.startswith("## ")] == [
+        "## good",
+        "## bad",
+        "## gpu_only",
+    ]
+    assert "| **failed** | n/a |  | exit status 4 | " in text
+    assert "| **not run** | n/a |  | no CUDA device |" in text
+    outcomes = json.loads(report.read_text())
+    assert outcomes["mode"] == "full" and outcomes["machine"] == MACHINE
+    assert [(b["name"], b["status"]) for b in outcomes["benches"]] == [
+        ("good", "ok"),
+        ("bad", "failed"),
+        ("gpu_only", "not run"),
+    ]
+    assert outcomes["benches"][0]["rows"][1]["value"] is None  # NaN as JSON's null
+
+    # smoke runs write no results file unless asked
+    results.unlink()
+    assert suite.main(["--smoke", "--only", "good", "--work-dir", str(tmp_path / "w2")]) == 0
+    assert not results.exists()
+
+
+# --------------------------------------------------------------------------------------------
+# RESULTS.md
+
+
+def outcome(name: str, rows: list[dict[str, Any]], **kw: Any) -> suite.Outcome:
+    return suite.Outcome(
+        name=name,
+        status=kw.get("status", "ok"),
+        command=kw.get("command", f"OMP_NUM_THREADS=1 .venv/bin/python bench/{name}.py"),
+        date=kw.get("date", "2026-12-01 04:30"),
+        seconds=kw.get("seconds", 12.0),
+        rows=rows,
+        reason=kw.get("reason", ""),
+    )
+
+
+def table_rows(text: str, name: str) -> list[list[str]]:
+    """The cells of the data rows of bench `name`'s table."""
+    section = suite.split_sections(text)[name]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| figure | value | unit | details | command | date (UTC) | machine |"
+    return [[c.strip() for c in line.strip("|").split(" | ")] for line in lines[1:]]
+
+
+def test_results_have_one_table_per_bench_with_command_date_and_machine() -> None:
+    outcomes = [
+        outcome(
+            "decode",
+            [
+                {"figure": "greedy, cache", "value": 1234.5, "unit": "sentences/s", "batch": 16},
+                {"figure": "speed-up", "value": 3.14159, "unit": "x"},
+            ],
+        ),
+        outcome(
+            "synthetic_task",
+            [{"figure": "test BLEU beam 4", "value": 85.0, "unit": "BLEU"}],
+            status="failed",
+            reason="exit status 1: FAIL: test BLEU 85.00 < 90.0",
+        ),
+        outcome("gpu", [], status="not run", reason="no CUDA device"),
+    ]
+    text = suite.render_results(outcomes, MACHINE)
+    assert text.startswith("# Benchmark results\n")
+    assert list(suite.split_sections(text)) == ["decode", "synthetic_task", "gpu"]
+    machine = "Test CPU 9000, 2 cores, native bf16: no, GPU: none"
+    command = "`OMP_NUM_THREADS=1 .venv/bin/python bench/decode.py`"
+    assert table_rows(text, "decode") == [
+        ["greedy, cache", "1,234", "sentences/s", "batch=16", command, "2026-12-01 04:30", machine],
+        ["speed-up", "3.142", "x", "", command, "2026-12-01 04:30", machine],
+    ]
+    bleu, failure = table_rows(text, "synthetic_task")
+    assert bleu[:3] == ["test BLEU beam 4", "85", "BLEU"]
+    assert failure[:4] == ["**failed**", "n/a", "", "exit status 1: FAIL: test BLEU 85.00 < 90.0"]
+    assert table_rows(text, "gpu") == [
+        [
+            "**not run**",
+            "n/a",
+            "",
+            "no CUDA device",
+            "`OMP_NUM_THREADS=1 .venv/bin/python bench/gpu.py`",
+            "2026-12-01 04:30",
+            machine,
+        ]
+    ]
+    assert suite.REGISTRY[0].about in text  # each section says what its bench measures
+    assert "Python 3.11.7, torch 2.13.0+cpu, deepspeed 0.19.8" in text
+
+
+def test_rerunning_some_benches_keeps_the_other_tables(tmp_path: Path) -> None:
+    path = tmp_path / "RESULTS.md"
+    first = [
+        outcome("decode", [{"figure": "a", "value": 1.0, "unit": "x"}]),
+        outcome("sinks", [{"figure": "b", "value": 2.0, "unit": "x"}]),
+    ]
+    suite.write_results(path, first, MACHINE)
+    rerun = [
+        outcome("decode", [{"figure": "a", "value": 9.0, "unit": "x"}], date="2027-01-01 00:00")
+    ]
+    suite.write_results(path, rerun, MACHINE)
+    text = path.read_text()
+    assert list(suite.split_sections(text)) == ["decode", "sinks"]  # registry order
+    assert table_rows(text, "decode")[0][:2] == ["a", "9"]
+    assert table_rows(text, "decode")[0][5] == "2027-01-01 00:00"
+    assert table_rows(text, "sinks")[0][:2] == ["b", "2"]
+
+
+def test_cells_escape_pipes_and_values_format() -> None:
+    rows = [{"figure": "a|b", "value": math.nan, "unit": "x", "note": "p|q"}]
+    text = suite.render_section(outcome("decode", rows), None, MACHINE)
+    assert "| a\\|b | n/a | x | note=p\\|q |" in text
+    assert [suite.format_value(v) for v in (0.000123456, 12.3456, 999.96, 25000.4)] == [
+        "0.0001235",
+        "12.35",
+        "1000",
+        "25,000",
+    ]
+
+
+def test_write_rows_checks_rows_and_writes_nan_as_null(tmp_path: Path) -> None:
+    path = tmp_path / "rows.json"
+    write_rows(path, [{"figure": "f", "value": math.inf, "unit": "s", "case": 1}])
+    assert json.loads(path.read_text()) == [{"figure": "f", "value": None, "unit": "s", "case": 1}]
+    with pytest.raises(ValueError, match="number value"):
+        write_rows(path, [{"figure": "f", "value": "fast", "unit": "s"}])
+    with pytest.raises(ValueError, match="str figure and unit"):
+        write_rows(path, [{"figure": "f", "value": 1.0}])
+
+
+def test_machine_info_names_cpu_cores_bf16_and_gpu() -> None:
+    m = suite.machine_info()
+    assert m["cpu"] and m["cores"] >= 1 and isinstance(m["native_bf16"], bool) and m["gpu"]
+    assert suite.describe_machine(m).startswith(f"{m['cpu']}, {m['cores']} cores, native bf16: ")
+
+
+# --------------------------------------------------------------------------------------------
+# bench/gpu.sh's arguments
+
+
+def test_gpu_bench_rejects_unknown_arguments() -> None:
+    proc = subprocess.run(
+        ["bash", "bench/gpu.sh", "--bogus"], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "bench/gpu.sh: unknown argument --bogus (use --smoke, --json PATH or --fetch-wheels)"
+    ]
+    proc = subprocess.run(
+        ["bash", "bench/gpu.sh", "--smoke", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (proc.returncode, proc.stderr.strip()) == (2, "bench/gpu.sh: --json needs a PATH")
+
+
+def test_suite_cli_lists_the_registry() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.suite", "--list"],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for b in suite.REGISTRY:
+        assert f"{b.name}\n  full:  " in proc.stdout
