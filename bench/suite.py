@@ -146,7 +146,7 @@ REGISTRY: tuple[Bench, ...] = (
         timeout_s=3600,
         smoke_timeout_s=300,
         needs=_needs_demo_run,
-    ),  # fmt: skip
+    ),
     Bench(
         "data",
         "Data pipeline: shard bytes per sample, loader tokens/s, padding at a 4,096-token "
