@@ -171,6 +171,10 @@ class LocalSlurm:
             "MinJobAge=3600",  # finished jobs stay visible to `scontrol show job`
             "KillWait=30",
             "InactiveLimit=0",
+            # Jobs of a higher partition tier preempt lower ones by requeuing them (the job
+            # gets TERM, then KILL after KillWait), as on clusters with a preemptible queue.
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
         ]
         if self.netns_nodes:
             lines += [
@@ -184,7 +188,11 @@ class LocalSlurm:
                 f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} "
                 f"RealMemory={int(mem_mb() * 0.9)} State=UNKNOWN"
             )
-        lines.append("PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        lines += [
+            "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+            "PartitionName=low Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1",
+            "PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
+        ]
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _start(self, cmd: list[str], name: str, user: str | None = None) -> subprocess.Popen:
@@ -237,8 +245,9 @@ class LocalSlurm:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}: {self.logs()}")
             states = self.query(["sinfo", "-h", "-N", "-o", "%N %T"]) or ""
-            lines = [x.split() for x in states.splitlines() if x.strip()]
-            if len(lines) == len(self.nodes) and all(x[1] == "idle" for x in lines):
+            # one line per node and partition: every node must be there and idle
+            node_states = dict(x.split()[:2] for x in states.splitlines() if x.strip())
+            if len(node_states) == len(self.nodes) and set(node_states.values()) == {"idle"}:
                 return
             time.sleep(0.3)
         raise RuntimeError(f"nodes not idle after {timeout:.0f} s ({states!r}): {self.logs()}")

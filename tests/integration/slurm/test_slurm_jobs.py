@@ -36,11 +36,15 @@ JOB_ARGS = [
 
 
 def submit_tiny(
-    cluster: LocalSlurm, data: Path, run_dir: Path, extra_env: dict[str, str] | None = None
+    cluster: LocalSlurm,
+    data: Path,
+    run_dir: Path,
+    extra_env: dict[str, str] | None = None,
+    *options: str,
 ) -> str:
     proc = submit(
         cluster,
-        "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", "local",
+        "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", "local", *options,
         "--run-dir", str(run_dir), f"data.dir={data}", *JOB_ARGS,
         cwd=run_dir.parent, extra_env=extra_env,
     )  # fmt: skip
@@ -223,3 +227,99 @@ def test_time_limit_warning_saves_and_requeues(
     assert "SIGUSR1 received" in text and f"requeueing job {job_id}" in text
     assert (run_dir / "checkpoints/latest").read_text().strip() == f"step_{stopped:08d}"
     assert "TIMEOUT" not in text
+
+
+def wait_for_steps(cluster: LocalSlurm, job_id: str, run_dir: Path, n: int) -> None:
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    deadline = time.monotonic() + 420
+    while len(losses(run_dir)) < n:
+        assert not finished(job_fields(cluster, job_id)), log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+
+
+def release_when_pending(cluster: LocalSlurm, job_id: str, log: Path) -> None:
+    """A requeued job waits ~2 minutes for its BeginTime: start it as soon as the node is free
+    (not within the second of the requeue: "Job credential revoked")."""
+    wait_for(
+        cluster,
+        job_id,
+        lambda f: (f.get("Restarts") == "1" and f.get("JobState") == "PENDING") or finished(f),
+        300,
+        "requeued",
+        log,
+    )
+    cluster.wait_idle(300)
+    time.sleep(3)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env(), timeout=60
+    )
+
+
+@pytest.mark.timeout(1200)
+def test_preempted_by_a_higher_partition_resumes_and_matches_the_straight_run(
+    slurm: LocalSlurm,
+    synthetic_data: Path,
+    tmp_path: Path,
+    straight_run: tuple[Path, str, dict[str, str]],
+) -> None:
+    """Slurm's own preemption (partition_prio, REQUEUE): TERM to every process of the job, no
+    USR1 first. The job saves the step it is at, exits, is requeued by Slurm, resumes after
+    the high-priority job ended and finishes with the uninterrupted job's losses."""
+    run_dir = tmp_path / "run"
+    job_id = submit_tiny(slurm, synthetic_data, run_dir, None, "--partition", "low")
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    wait_for_steps(slurm, job_id, run_dir, 6)
+    high = subprocess.run(
+        ["sbatch", "--parsable", "--partition=high", "--cpus-per-task=1", "--output=/dev/null",
+         "--wrap", "sleep 10"],
+        env=slurm.env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert high.returncode == 0, high.stderr
+    high_id = high.stdout.strip().split(";")[0]
+    wait_for(slurm, high_id, finished, 300, "finished (the high-priority job)")
+    release_when_pending(slurm, job_id, log)
+    fields = wait_for(slurm, job_id, finished, 420, "finished", log)
+    text = log.read_text()
+    assert fields["JobState"] == "COMPLETED", f"{fields}\n{text[-2000:]}\n{slurm.logs(6000)}"
+    assert fields["Restarts"] == "1"
+    stopped = int(re.search(r"stopped at step (\d+) after a signal", text)[1])  # type: ignore[index]
+    assert 6 <= stopped < STEPS and "SIGTERM received" in text
+    assert f"slurm job {job_id} (restart 1)" in text and f"at step {stopped}" in text
+    straight, resumed = losses(straight_run[0]), losses(run_dir)
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    assert [resumed[s] for s in sorted(resumed)] == [straight[s] for s in sorted(straight)]
+    ids = wandb_ids(run_dir)
+    assert len(ids) == 2 and len(set(ids)) == 1, ids  # two starts, one wandb run
+
+
+@pytest.mark.timeout(1200)
+def test_scancel_saves_and_a_new_submit_resumes_from_there(
+    slurm: LocalSlurm,
+    synthetic_data: Path,
+    tmp_path: Path,
+    straight_run: tuple[Path, str, dict[str, str]],
+) -> None:
+    """Plain `scancel` (TERM to every process, no requeue): the job saves the step it is at;
+    submitting the same run dir again resumes from exactly there."""
+    run_dir = tmp_path / "run"
+    job_id = submit_tiny(slurm, synthetic_data, run_dir)
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    wait_for_steps(slurm, job_id, run_dir, 6)
+    subprocess.run(["scancel", job_id], env=slurm.env(), check=True, timeout=60)
+    fields = wait_for(slurm, job_id, finished, 120, "cancelled", log)
+    assert fields["JobState"] == "CANCELLED", fields
+    text = log.read_text()
+    stopped = int(re.search(r"stopped at step (\d+) after a signal", text)[1])  # type: ignore[index]
+    assert 6 <= stopped < STEPS and "requeueing" not in text
+    assert (run_dir / "checkpoints/latest").read_text().strip() == f"step_{stopped:08d}"
+
+    slurm.wait_idle(120)
+    again = submit_tiny(slurm, synthetic_data, run_dir)
+    log = run_dir / "logs" / f"slurm-{again}.out"
+    fields = wait_for(slurm, again, finished, 420, "finished", log)
+    assert fields["JobState"] == "COMPLETED", log.read_text()[-3000:]
+    assert f"resumed from {run_dir / 'checkpoints'}" in log.read_text()
+    assert f"at step {stopped}" in log.read_text()
+    straight, resumed = losses(straight_run[0]), losses(run_dir)
+    assert [resumed[s] for s in sorted(resumed)] == [straight[s] for s in sorted(straight)]
