@@ -84,14 +84,14 @@ def run(args: argparse.Namespace) -> dict:
     with sdpa_kernel(backends):
         start = time.perf_counter()
         for _ in range(args.warmup):
-            sums, _ = train_step(engine, batches, env, cfg.label_smoothing, [False])
+            sums = train_step(engine, batches, env, cfg.label_smoothing, [False]).sums
         sync()
         warmup_s = time.perf_counter() - start
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         for _ in range(args.steps):
-            sums, _ = train_step(engine, batches, env, cfg.label_smoothing, [False])
+            sums = train_step(engine, batches, env, cfg.label_smoothing, [False]).sums
         sync()
         seconds = (time.perf_counter() - start) / args.steps
     loss = float(sums[0] / sums[2])

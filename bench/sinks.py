@@ -78,7 +78,7 @@ def timed_block(
     """Mean seconds per step over `batches`, logging a full record after every step."""
     start = time.perf_counter()
     for i, batch in enumerate(batches):
-        sums, _ = train_step(engine, [batch], env, 0.1, [False])
+        sums = train_step(engine, [batch], env, 0.1, [False]).sums
         torch.distributed.all_reduce(sums)
         loss_sum, _nll, tgt, src = sums.tolist()
         record = {

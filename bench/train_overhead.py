@@ -95,9 +95,9 @@ class PaperscaleSide:
 
     def step(self) -> list[Batch]:
         micro = [next(self.batches) for _ in range(self.job.train.grad_accum)]
-        sums, _ = train_step(
+        sums = train_step(
             self.engine, micro, self.env, self.model_cfg.label_smoothing, [False, False]
-        )
+        ).sums
         self.window += sums
         self.window_flops += batch_flops(self.model_cfg, micro)
         self.step_no += 1
