@@ -79,10 +79,14 @@ class Faults:
         if self.nan_from_step is None:
             return
 
-        def poison(mod: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
-            if mod.training and self.step >= (self.nan_from_step or 0):
-                return output * float("nan")
-            return output
+        def poison(mod: torch.nn.Module, args: Any, output: Any) -> Any:
+            """NaN logits, or a NaN loss and nll from the training forward's loss sums."""
+            if not (mod.training and self.step >= (self.nan_from_step or 0)):
+                return output
+            if isinstance(output, tuple):
+                loss, nll, *rest = output
+                return (loss * float("nan"), nll * float("nan"), *rest)
+            return output * float("nan")
 
         module.register_forward_hook(poison)
 

@@ -303,19 +303,20 @@ def test_encoding_in_slices_and_tokenizer_in_a_child(
     sentencepiece sample and training run in a child process (their memory is not kept)."""
     import os
 
-    import data_pipeline.prepare as prep
+    import data_pipeline.encode as encode
+    import data_pipeline.spm_step as spm_step
 
     pids = tmp_path / "pids"
-    real = prep.train_sentencepiece
+    real = spm_step.train_sentencepiece
 
     def spy(*args: object, **kw: object) -> Path:
         with open(pids, "a") as f:
             f.write(f"{os.getpid()}\n")
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(prep, "train_sentencepiece", spy)
+    monkeypatch.setattr(spm_step, "train_sentencepiece", spy)
     whole, _ = _prep(corpus_dir, tmp_path / "a", workers=0)
-    monkeypatch.setattr(prep, "ENCODE_BATCH", 7)
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 7)
     sliced, lines = _prep(corpus_dir, tmp_path / "b", workers=2)
     shas = [[s["sha256"] for s in m["splits"]["train"]["shards"]] for m in (whole, sliced)]
     assert shas[0] == shas[1]

@@ -198,10 +198,12 @@ def test_bad_config_fails_at_once_without_requeue(
 def test_time_limit_warning_saves_and_requeues(
     slurm: LocalSlurm, synthetic_data: Path, tmp_path: Path
 ) -> None:
-    """The real `--signal=B:USR1@40` of a job with a 1-minute limit: Slurm itself sends USR1."""
+    """The real `--signal=B:USR1@60` of a job with a 2-minute limit: Slurm itself sends USR1,
+    a minute into the job (after its first steps: a stop before the first step has nothing to
+    save)."""
     profile = tmp_path / "short.yaml"
     profile.write_text(
-        "name: short\nprocs_per_node: 2\ncpus_per_task: 2\ntime: '1'\nsignal_seconds: 40\n"
+        "name: short\nprocs_per_node: 2\ncpus_per_task: 2\ntime: '2'\nsignal_seconds: 60\n"
         "env:\n  OMP_NUM_THREADS: '1'\n  DS_ACCELERATOR: cpu\n"
     )
     run_dir = tmp_path / "run"
@@ -214,11 +216,11 @@ def test_time_limit_warning_saves_and_requeues(
         cwd=tmp_path,
     )  # fmt: skip
     job_id = submitted_job(proc)
-    assert "#SBATCH --signal=B:USR1@40\n" in (run_dir / "job.sbatch").read_text()
+    assert "#SBATCH --signal=B:USR1@60\n" in (run_dir / "job.sbatch").read_text()
     log = run_dir / "logs" / f"slurm-{job_id}.out"
     try:
         wait_for(
-            slurm, job_id, lambda f: f.get("Restarts") == "1" or finished(f), 200, "requeued", log
+            slurm, job_id, lambda f: f.get("Restarts") == "1" or finished(f), 260, "requeued", log
         )
     finally:
         subprocess.run(["scancel", job_id], env=slurm.env(), timeout=60)
