@@ -23,6 +23,7 @@ import atexit
 import logging
 import multiprocessing as mp
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from data_pipeline.batching import BATCHING_VERSION, Batch
 from data_pipeline.config import DataConfig
-from data_pipeline.dealing import parts_for
+from data_pipeline.dealing import Dealing, parts_for
 from data_pipeline.manifest import read_manifest
 from data_pipeline.position import Counters, WorkerPosition, progress_from_json, progress_to_json
 from data_pipeline.producer import ProducerContext, WorkerDataset, ignore_stop_signals, produce
@@ -96,6 +97,7 @@ class TokenBatchStream:
         self.num_workers = max(1, cfg.num_workers)  # logical producers per rank
         shards = self.manifest["splits"][split]["shards"]
         self.n_shards = len(shards)
+        window = cfg.shuffle_buffer if cfg.shuffle_buffer > 0 else DEFAULT_WINDOW
         self._ctx = ProducerContext(
             data_dir=str(self.data_dir),
             split=split,
@@ -107,11 +109,17 @@ class TokenBatchStream:
             pad_multiple=cfg.pad_multiple,
             bucket_width=cfg.bucket_width,
             batch_multiple=cfg.batch_multiple,
-            window=cfg.shuffle_buffer if cfg.shuffle_buffer > 0 else DEFAULT_WINDOW,
+            window=window,
             shuffle=shuffle,
             skip_long=split == "train",
             seed=cfg.seed,
-            n_slots=world_size * self.num_workers,
+            dealing=Dealing(
+                shard_samples=tuple(int(s["samples"]) for s in shards),
+                n_slots=world_size * self.num_workers,
+                seed=cfg.seed,
+                shuffle=shuffle,
+                block=window,  # one shuffle window per block
+            ),
             slot0=rank * self.num_workers,
             end_epoch=None if epochs is None else start_epoch + epochs,
         )
@@ -190,6 +198,8 @@ class TokenBatchStream:
             "seed": self.cfg.seed,
             "shuffle": self.shuffle,
             "n_shards": self.n_shards,
+            "shard_samples": list(self._ctx.dealing.shard_samples),
+            "block": self._ctx.dealing.block,
             "world_size": self.world_size,
             "rank": self.rank,
             "num_workers": self.num_workers,
@@ -244,11 +254,19 @@ class TokenBatchStream:
                 raise ValueError(
                     f"data stream state is for {key}={d.get(key)!r}, this stream has {mine!r}"
                 )
+        saved = d.get("shard_samples")
+        if saved is not None and tuple(saved) != self._ctx.dealing.shard_samples:
+            raise ValueError(
+                "data stream state is for shards of other sizes than this data dir's manifest"
+            )
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Continue from a state of :meth:`state_dict` (same world size, rank and workers) or
         of :meth:`merge_state_dicts` (any world size)."""
         self._check_common(d)
+        # Units are dealt as the saved run dealt them: its block size, or whole shards for a
+        # state saved before blocks.
+        self._ctx.dealing = replace(self._ctx.dealing, block=d.get("block"))
         if d.get("kind") == "rank":
             old = (d["world_size"], d["num_workers"])
             if old != (self.world_size, self.num_workers):
@@ -266,7 +284,7 @@ class TokenBatchStream:
             self._replay_windows_if_rebatched(d)
         elif d.get("kind") == "merged":
             old_slots = d["n_slots"]
-            new_slots = self._ctx.n_slots
+            new_slots = self._ctx.dealing.n_slots
             if d["base"] and parts_for(self.n_shards, old_slots) != parts_for(
                 self.n_shards, new_slots
             ):

@@ -27,7 +27,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from data_pipeline.batching import Batch, Sample, collate, plan_batches
-from data_pipeline.dealing import Unit, slot_plan, unit_key
+from data_pipeline.dealing import Dealing, Unit, unit_key
 from data_pipeline.position import Counters, EpochProgress, Progress, WorkerPosition
 from data_pipeline.shards import RawSample, ShardReadError, decode_sample, iter_shard
 
@@ -89,7 +89,7 @@ class ProducerContext:
     shuffle: bool
     skip_long: bool
     seed: int
-    n_slots: int
+    dealing: Dealing
     slot0: int  # first slot of this rank: rank * workers
     end_epoch: int | None  # exclusive; None = endless
     base: Progress = field(default_factory=dict)  # merged progress of a world-size change
@@ -104,11 +104,6 @@ class Damage:
     error: str = ""
 
 
-def _unit_expected(ctx: ProducerContext, u: Unit) -> int:
-    n = ctx.shards[u[0]]["samples"]
-    return len(range(u[1], n, u[2]))
-
-
 def read_unit(
     ctx: ProducerContext, u: Unit, start: int, damage: Damage
 ) -> Iterator[tuple[int, list[RawSample]]]:
@@ -117,28 +112,30 @@ def read_unit(
     On damage the partial window is still yielded, and `damage` says what was lost.
     """
     shard = ctx.shards[u[0]]
+    span = ctx.dealing.span(u)
     k, window, ws, error = 0, [], start, ""  # k: unit samples read so far
     try:
-        # Unit sample number `start` is raw sample `part + start * parts`: seek up to it.
-        for raw in iter_shard(Path(ctx.data_dir) / shard["name"], skip_before=u[1] + start * u[2]):
-            if raw.index % u[2] != u[1]:
+        # Unit sample number k is raw sample `first + k * stride`: seek up to number `start`.
+        path = Path(ctx.data_dir) / shard["name"]
+        for raw in iter_shard(path, skip_before=span.first + start * span.stride):
+            if raw.index < span.first or (raw.index - span.first) % span.stride:
                 continue
             k += 1
-            if k <= start:
-                continue
-            window.append(raw)
-            if len(window) == ctx.window:
-                yield ws, window
-                ws, window = ws + len(window), []
+            if k > start:
+                window.append(raw)
+                if len(window) == ctx.window:
+                    yield ws, window
+                    ws, window = ws + len(window), []
+            if k == span.count:
+                break
     except ShardReadError as exc:
         error = str(exc)
     except FileNotFoundError:
         error = f"{shard['name']}: missing"
-    expected = _unit_expected(ctx, u)
-    if not error and k < expected:
-        error = f"{shard['name']}: truncated ({k} of {expected} samples)"
+    if not error and k < span.count:
+        error = f"{shard['name']}: truncated ({k} of {span.count} samples)"
     if error:
-        damage.shard, damage.lost, damage.error = shard["name"], expected - max(k, start), error
+        damage.shard, damage.lost, damage.error = shard["name"], span.count - max(k, start), error
     if window or error:
         yield ws, window
 
@@ -201,8 +198,7 @@ class _Producer:
         while ctx.end_epoch is None or pos.epoch < ctx.end_epoch:
             epoch, base = pos.epoch, ctx.base.get(pos.epoch)
             done = base.done if base else frozenset()
-            plan = slot_plan(len(ctx.shards), ctx.n_slots, self.slot, ctx.seed, epoch,
-                             ctx.shuffle, done)  # fmt: skip
+            plan = ctx.dealing.slot_plan(self.slot, epoch, done)
             fresh = pos.unit_index == 0 and not pos.started  # a whole epoch ahead
             produced = 0
             while pos.unit_index < len(plan):

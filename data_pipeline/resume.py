@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_pipeline.dealing import slot_plan, unit_key
+from data_pipeline.dealing import Dealing, unit_key
 from data_pipeline.position import (
     Counters,
     EpochProgress,
@@ -20,9 +20,9 @@ from data_pipeline.position import (
     progress_to_json,
 )
 
-STATE_VERSION = 2  # 2: WorkerPosition's named keys; 1: the same with "idx"/"ws"/"bd"
-READABLE_VERSIONS = (1, 2)
-SHARED_KEYS = ("split", "seed", "shuffle", "n_shards", "world_size", "num_workers")
+STATE_VERSION = 3  # 3: block units; 2: WorkerPosition's named keys; 1: "idx"/"ws"/"bd"
+READABLE_VERSIONS = (1, 2, 3)
+SHARED_KEYS = ("split", "seed", "shuffle", "n_shards", "block", "world_size", "num_workers")
 
 
 def check_rank_states(states: list[dict[str, Any]]) -> None:
@@ -34,9 +34,10 @@ def check_rank_states(states: list[dict[str, Any]]) -> None:
         if s.get("kind") != "rank" or s.get("version") not in READABLE_VERSIONS:
             raise ValueError("merge_state_dicts: expects states from state_dict()")
         for key in SHARED_KEYS:
-            if s[key] != first[key]:
+            if s.get(key) != first.get(key):
                 raise ValueError(
-                    f"merge_state_dicts: ranks disagree on {key} ({s[key]!r} vs {first[key]!r})"
+                    f"merge_state_dicts: ranks disagree on {key} ({s.get(key)!r} vs "
+                    f"{first.get(key)!r})"
                 )
     ranks = sorted(s["rank"] for s in states)
     if ranks != list(range(first["world_size"])):
@@ -46,6 +47,19 @@ def check_rank_states(states: list[dict[str, Any]]) -> None:
         )
 
 
+def saved_dealing(first: dict[str, Any]) -> Dealing:
+    """How the ranks of a saved state dealt their units (whole shards before blocks)."""
+    block = first.get("block")
+    sizes = first.get("shard_samples")
+    return Dealing(
+        shard_samples=tuple(sizes) if sizes is not None else (0,) * first["n_shards"],
+        n_slots=first["world_size"] * first["num_workers"],
+        seed=first["seed"],
+        shuffle=first["shuffle"],
+        block=block,
+    )
+
+
 def epoch_progress(
     first: dict[str, Any],
     positions: list[tuple[int, WorkerPosition]],
@@ -53,15 +67,13 @@ def epoch_progress(
     epoch: int,
 ) -> EpochProgress:
     """What all slots did of `epoch`: units finished, and the positions of started ones."""
-    n_slots = first["world_size"] * first["num_workers"]
+    dealing = saved_dealing(first)
     done = set(old.done)
     started: dict[str, tuple[int, int]] = {}
     for slot, p in positions:
         if p.epoch < epoch:
             continue
-        plan = slot_plan(
-            first["n_shards"], n_slots, slot, first["seed"], epoch, first["shuffle"], old.done
-        )
+        plan = dealing.slot_plan(slot, epoch, old.done)
         if p.epoch > epoch:
             done.update(unit_key(u) for u in plan)
             continue
@@ -101,6 +113,8 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
         "seed": first["seed"],
         "shuffle": first["shuffle"],
         "n_shards": first["n_shards"],
+        "shard_samples": first.get("shard_samples"),
+        "block": first.get("block"),
         "world_size": first["world_size"],
         "n_slots": first["world_size"] * nw,
         "epoch": lo,
