@@ -2,13 +2,14 @@
 
 A split is line-aligned UTF-8 files ``{split}.{lang}`` (``train.en``, ``train.de``, ...),
 each optionally gzipped (``train.en.gz``), or one tab-separated file ``{split}.tsv`` /
-``{split}.tsv.gz`` (column 1 = source, column 2 = target).
+``{split}.tsv.gz`` (column 1 = source, column 2 = target; further columns, such as a score or
+an origin, are ignored, and one line says so).
 """
 
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -77,13 +78,19 @@ class PairReader:
     """Iterates ``(src, tgt)`` text pairs of one split, validating as it goes.
 
     Raises one-line ``ValueError``s naming the file (and line) for: an empty file, parallel
-    files of different lengths, invalid UTF-8, a TSV line without exactly two columns.
+    files of different lengths, invalid UTF-8, a TSV line with fewer than two columns. A TSV
+    with more columns gives its first two; `log` says so once.
     """
 
-    def __init__(self, files: list[Path]) -> None:
+    def __init__(self, files: list[Path], log: Callable[[str], object] = print) -> None:
         self.files = files
         self.total_bytes = sum(f.stat().st_size for f in files)
+        self.log = log
         self._handles: list[_LineFile] = []
+
+    def text_bytes(self) -> int:
+        """About the text's size: the files' sizes, a gzipped one counted 4x."""
+        return sum(f.stat().st_size * (4 if f.name.endswith(".gz") else 1) for f in self.files)
 
     @property
     def raw_pos(self) -> int:
@@ -118,14 +125,22 @@ class PairReader:
             raise ValueError(f"{a.path}: empty input file")
 
     def _tsv(self, f: _LineFile) -> Iterator[tuple[str, str]]:
-        lineno = 0
+        lineno, widest = 0, 2
         while line := f.readline():
             lineno += 1
             cols = _decode(line, f.path, lineno).split("\t")
-            if len(cols) != 2:
+            if len(cols) < 2:
                 raise ValueError(
-                    f"{f.path}:{lineno}: expected 2 tab-separated columns, found {len(cols)}"
+                    f"{f.path}:{lineno}: expected at least 2 tab-separated columns (source, "
+                    f"target), found {len(cols)}"
                 )
+            if len(cols) > widest:
+                if widest == 2:
+                    self.log(
+                        f"prepare: {f.path.name} has {len(cols)} tab-separated columns (line "
+                        f"{lineno}); using the first two as source and target"
+                    )
+                widest = len(cols)
             yield cols[0], cols[1]
         if lineno == 0:
             raise ValueError(f"{f.path}: empty input file")

@@ -42,6 +42,7 @@ from data_pipeline.manifest import (
 )
 from data_pipeline.progress import progress_bar
 from data_pipeline.shards import dtype_for, sha256_file
+from data_pipeline.shuffle import shuffled
 from data_pipeline.spm_step import train_spm
 from data_pipeline.tokenizer import Tokenizer
 from data_pipeline.verify import verify
@@ -85,6 +86,7 @@ class Settings:
     max_ratio: float | None
     dedup: bool
     compress_shards: bool
+    shuffle: bool = True  # the training split in a global random order (data_pipeline/shuffle.py)
 
     def params(self, inputs: dict[str, list[Path]]) -> dict[str, Any]:
         """The journal's parameters line: these settings and the inputs' names and sizes."""
@@ -235,6 +237,7 @@ def prepare(
     dedup: bool = False,
     progress: bool | None = None,
     compress_shards: bool = False,
+    shuffle: bool = True,
 ) -> dict:
     """Build ``out_dir`` (tokenizer, shards, manifest) from ``corpus_dir``; returns the manifest.
 
@@ -243,12 +246,14 @@ def prepare(
     the training split; ``input_sentence_size`` bounds the sentences sentencepiece trains on;
     ``progress`` shows tqdm bars (default: when stderr is a TTY); ``compress_shards`` writes
     gzip-compressed tars (``.tar.gz``, about a tenth of the bytes for short sentences: the tar
-    format costs ~4 KB per sample otherwise; the loader and webdataset read both).  Re-running
+    format costs ~4 KB per sample otherwise; the loader and webdataset read both); ``shuffle``
+    puts the training pairs in a global random order from ``seed`` before sharding (a two-pass
+    external shuffle through files in ``out_dir``, memory bounded).  Re-running
     after an interruption reuses every finished shard whose sha256 still matches.
     """
     s = Settings(
         vocab_size, src_lang, tgt_lang, shard_samples, max_len, seed, input_sentence_size,
-        model_type, max_ratio, dedup, compress_shards,
+        model_type, max_ratio, dedup, compress_shards, shuffle,
     )  # fmt: skip
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     inputs = check_inputs(corpus_dir, s, workers)
@@ -262,7 +267,8 @@ def prepare(
                 log(f"prepare: no {split} files in {corpus_dir}; skipping that split")
                 continue
             writer = SplitWriter(split, out, pool, max(1, workers), s, manifest["dtype"])
-            manifest["splits"][split] = writer.write(PairReader(inputs[split]), progress, log)
+            reader = PairReader(inputs[split], log)
+            manifest["splits"][split] = writer.write(reader, progress, log)
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
@@ -281,6 +287,7 @@ class SplitWriter:
         self.split, self.out, self.pool, self.workers = split, out, pool, workers
         self.shard_samples = s.shard_samples
         self.dedup = s.dedup and split == "train"
+        self.shuffle_seed = s.seed if s.shuffle and split == "train" else None
         self.suffix = ".tar.gz" if s.compress_shards else ".tar"
         self.job_args = {
             "dtype": dtype,
@@ -337,8 +344,12 @@ class SplitWriter:
         """Stream the split into shards; returns its manifest entry."""
         bar = progress_bar(progress, reader.total_bytes, self.split)
         last_pos = 0
+        pairs: Iterator[tuple[str, str]] = iter(reader)
+        if self.shuffle_seed is not None:
+            work = self.out.root / f".shuffle-{self.split}"
+            pairs = shuffled(pairs, work, self.shuffle_seed, reader.text_bytes())
         try:
-            for index, chunk in enumerate(self.chunks(iter(reader))):
+            for index, chunk in enumerate(self.chunks(pairs)):
                 self.submit(index, chunk)
                 bar.update(reader.raw_pos - last_pos)
                 last_pos = reader.raw_pos
@@ -361,6 +372,7 @@ class SplitWriter:
         log(
             f"prepare: {self.split}: {entry['samples']} pairs of {cleaning['lines']} lines in "
             f"{len(done)} shards ({self.reused} verified from an earlier run)"
+            + (", globally shuffled" if self.shuffle_seed is not None else "")
             + (f"; dropped {dropped}" if dropped else "")
         )
         return entry

@@ -75,6 +75,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             seed=args.seed,
             shard_samples=args.shard_samples,
             compress_shards=args.compress_shards,
+            shuffle=not args.no_shuffle,
         )
     except ValueError as exc:
         return die(str(exc).splitlines()[0])

@@ -71,7 +71,12 @@ def add_prepare(sub: Subparsers) -> None:
         action="store_true",
         help="write .tar.gz shards (about 20x smaller for short sentences)",
     )
-    prep.add_argument("--seed", type=int, default=1)
+    prep.add_argument(
+        "--no-shuffle",
+        action="store_true",
+        help="keep the training pairs in input order (default: a seeded global shuffle)",
+    )
+    prep.add_argument("--seed", type=int, default=1, help="tokenizer and shuffle seed")
     prep.set_defaults(func=cmd_prepare)
 
 

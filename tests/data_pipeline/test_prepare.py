@@ -193,8 +193,8 @@ def test_bad_input_missing_side_and_tsv_columns(tmp_path: Path) -> None:
     msg = _bad(tmp_path, {"train.en": b"a\n"})
     assert "train.en" in msg and "train.de" in msg and "missing" in msg
     shutil.rmtree(tmp_path / "bad")
-    msg = _bad(tmp_path, {"train.tsv": b"a\tb\nc\td\te\n"})
-    assert "train.tsv:2: expected 2 tab-separated columns, found 3" in msg
+    msg = _bad(tmp_path, {"train.tsv": b"a\tb\nc d e\n"})
+    assert "train.tsv:2: expected at least 2 tab-separated columns (source, target), found 1" in msg
     shutil.rmtree(tmp_path / "bad")
     msg = _bad(tmp_path, {"valid.en": b"a\n", "valid.de": b"b\n"})
     assert "no training data" in msg
