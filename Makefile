@@ -10,10 +10,12 @@ DATA ?= data/debian-ende
 DEMO_RUN ?= runs/demo
 export OMP_NUM_THREADS ?= 1
 export WANDB_SILENT := true
+# DeepSpeed's JIT-compiled ops live in the venv (built once by `make venv`, see trainer/ds_ops.py).
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 .PHONY: venv test test-fast demo bench lint format clean
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(VENV)/.ds_ops
 
 # torch first, from the given spec (a CPU wheel here; on a GPU cluster pass e.g.
 # TORCH="torch --index-url https://download.pytorch.org/whl/cu124"), then the project.
@@ -23,6 +25,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev,serve]'
 	$(PY) -c "import torch, deepspeed, webdataset, sentencepiece, wandb, transformers, ctranslate2; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__, 'ctranslate2', ctranslate2.__version__)"
+	touch $@
+
+$(VENV)/.ds_ops: $(VENV)/.installed
+	$(PY) -m trainer.ds_ops
 	touch $@
 
 lint: venv
