@@ -19,6 +19,23 @@ from trainer import use_venv_extensions_dir
 OPS = ("ShareMemCommBuilder", "FusedAdamBuilder")
 
 
+STALE_LOCK_S = 1800  # no build takes this long; an older lock is a killed build's
+
+
+def clear_stale_lock(name: str, lines: list[str]) -> None:
+    """Remove the build lock of op `name` when it is older than any build takes."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:
+        return
+    if age > STALE_LOCK_S:
+        os.remove(lock)
+        lines.append(f"{name}: removed a stale build lock ({age / 60:.0f} min old)")
+
+
 def build_ops(names: tuple[str, ...] = OPS) -> list[str]:
     """Build (or find already built) the ops this accelerator supports; returns lines to print."""
     import deepspeed.ops
@@ -30,6 +47,7 @@ def build_ops(names: tuple[str, ...] = OPS) -> list[str]:
         if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
             lines.append(f"{name}: not used on this accelerator")
             continue
+        clear_stale_lock(builder.NAME, lines)
         start = time.perf_counter()
         try:
             builder.load(verbose=False)

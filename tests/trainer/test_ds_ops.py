@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +26,14 @@ def test_extensions_live_in_the_venv_unless_chosen(tmp_path: Path) -> None:
     assert _run(SHOW, TORCH_EXTENSIONS_DIR=str(tmp_path)).strip() == str(tmp_path)
 
 
-def test_ops_are_built_ahead() -> None:
-    out = _run("from trainer.ds_ops import main; main()", DS_ACCELERATOR="cpu")
-    assert "deepspeed_shm_comm: ready" in out and "fused_adam: ready" in out, out
+def test_ops_are_built_ahead_past_a_stale_lock() -> None:
     built = Path(sys.prefix, "torch_extensions")
+    _run("from trainer.ds_ops import main; main()", DS_ACCELERATOR="cpu")
+    lock = built / "fused_adam" / "lock"
+    lock.touch()
+    hours_ago = time.time() - 7200
+    os.utime(lock, (hours_ago, hours_ago))  # a build killed two hours ago
+    out = _run("from trainer.ds_ops import main; main()", DS_ACCELERATOR="cpu")
+    assert "fused_adam: removed a stale build lock" in out and not lock.exists(), out
+    assert "deepspeed_shm_comm: ready" in out and "fused_adam: ready" in out, out
     assert (built / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").is_file()
