@@ -17,7 +17,12 @@ peak memory, shard bytes per sample -- measured side by side in one run on a rea
    batching), and *mismatch*: the rest, rows padded up to a longer row of their batch.
    ``fill``: real tokens per batch / (2 * max_tokens); ``rows``: batches whose ``B * S`` and
    ``B * T`` (the row counts of the projections' matrix products) are multiples of 8.
-4. ``prepare`` with 2 workers on corpora of ``--pairs`` pairs (the real training pairs repeated,
+4. Input order: the corpus prepared in its input order (``--no-shuffle``) and globally
+   shuffled (the default), read at the demo's data settings (configs/tiny.yaml: 1,536-token
+   micro-batches, 4,000-sample windows) and at the defaults: loader tokens/s and padding side
+   by side. Real corpora arrive grouped by source, so an in-order window holds sentences of one
+   kind (similar lengths: less padding) that a shuffled window mixes.
+5. ``prepare`` with 2 workers on corpora of ``--pairs`` pairs (the real training pairs repeated,
    each repetition with its words rotated, so nothing is an exact duplicate) in a subprocess:
    pairs/s of the shard stage; peak RSS of the main process and of the largest child (the
    sentencepiece trainer or an encoder; ``ru_maxrss`` of ``RUSAGE_SELF``/``RUSAGE_CHILDREN``);
@@ -421,6 +426,9 @@ def measure_data(a: argparse.Namespace) -> list[Row]:
                 rows.append(row(f"loader, {kind}, {workers} workers", r["tokens_s"], "tokens/s",
                                 startup_s=r["startup_s"], **case))  # fmt: skip
 
+    if not a.skip_loader:
+        rows += measure_order(a, data["tar"])
+
     # 3. padding.
     lens = read_lengths(data["tar"], 256)
     n = sum(len(x) for x in lens)
@@ -454,6 +462,35 @@ def measure_data(a: argparse.Namespace) -> list[Row]:
                         rounding_pct=100 * r["rounding"], mismatch_pct=100 * r["mismatch"],
                         fill_pct=100 * r["fill"], batches=r["batches"],
                         max_tokens=a.max_tokens))  # fmt: skip
+    return rows
+
+
+ORDER_SETTINGS = {  # name: (max_tokens, window)
+    "demo (tiny.yaml)": (1536, 4000),
+    "defaults": (4096, 100_000),
+}
+
+
+def measure_order(a: argparse.Namespace, shuffled: Path) -> list[Row]:
+    """Section 4: the same corpus in input order and shuffled, read by one stream each."""
+    in_order = a.work / "data-tar-in-order"
+    log(f"prepare {a.corpus} -> {in_order} (--no-shuffle)")
+    run_prepare(a.corpus, in_order, vocab_size=a.vocab_size, workers=2, shuffle=False)
+    print("\n## input order: loader tokens/s and padding, 1 worker (tokens/s: real tokens)")
+    print(f"{'settings':18} {'order':9} {'tokens/s':>9} {'padding':>8}  ratio shuffled/in order")
+    rows: list[Row] = []
+    for name, (max_tokens, window) in ORDER_SETTINGS.items():
+        if a.smoke:
+            max_tokens, window = min(max_tokens, 512), min(window, 500)
+        got = {}
+        for order, data in (("in order", in_order), ("shuffled", shuffled)):
+            got[order] = r = loader_rate(data, 1, max_tokens, a.seconds, shuffle_buffer=window)
+            print(f"{name:18} {order:9} {r['tokens_s']:>9.0f} {r['padding']:>8.1%}")
+            rows.append(row(f"loader by input order, {name}, {order}", r["tokens_s"],
+                            "tokens/s", padding_pct=100 * r["padding"], max_tokens=max_tokens,
+                            window=window, order=order))  # fmt: skip
+        ratio = got["shuffled"]["tokens_s"] / got["in order"]["tokens_s"]
+        print(f"{'':18} {'':9} {'':>9} {'':>8}  {ratio:.2f}x")
     return rows
 
 
