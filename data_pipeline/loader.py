@@ -97,10 +97,20 @@ class TokenBatchStream:
         self.num_workers = max(1, cfg.num_workers)  # logical producers per rank
         shards = self.manifest["splits"][split]["shards"]
         self.n_shards = len(shards)
+        self._ctx = self._context(shards, epochs)
+        self._positions = [WorkerPosition(start_epoch) for _ in range(self.num_workers)]
+        self._next = 0
+        self._base_counters = Counters()
+        self._last_epoch = start_epoch
+        self._closing: Any = None  # multiprocessing Event shared with the workers (see close)
+
+    def _context(self, shards: list[dict[str, Any]], epochs: int | None) -> ProducerContext:
+        """What every producer of this stream needs (see data_pipeline/producer.py)."""
+        cfg = self.cfg
         window = cfg.shuffle_buffer if cfg.shuffle_buffer > 0 else DEFAULT_WINDOW
-        self._ctx = ProducerContext(
+        return ProducerContext(
             data_dir=str(self.data_dir),
-            split=split,
+            split=self.split,
             shards=[{"name": s["name"], "samples": s["samples"]} for s in shards],
             dtype=self.manifest["dtype"],
             vocab_size=self.manifest["vocab_size"],
@@ -110,24 +120,19 @@ class TokenBatchStream:
             bucket_width=cfg.bucket_width,
             batch_multiple=cfg.batch_multiple,
             window=window,
-            shuffle=shuffle,
-            skip_long=split == "train",
+            shuffle=self.shuffle,
+            skip_long=self.split == "train",
             seed=cfg.seed,
             dealing=Dealing(
                 shard_samples=tuple(int(s["samples"]) for s in shards),
-                n_slots=world_size * self.num_workers,
+                n_slots=self.world_size * self.num_workers,
                 seed=cfg.seed,
-                shuffle=shuffle,
+                shuffle=self.shuffle,
                 block=window,  # one shuffle window per block
             ),
-            slot0=rank * self.num_workers,
-            end_epoch=None if epochs is None else start_epoch + epochs,
+            slot0=self.rank * self.num_workers,
+            end_epoch=None if epochs is None else self.start_epoch + epochs,
         )
-        self._positions = [WorkerPosition(start_epoch) for _ in range(self.num_workers)]
-        self._next = 0
-        self._base_counters = Counters()
-        self._last_epoch = start_epoch
-        self._closing: Any = None  # multiprocessing Event shared with the workers (see close)
 
     def close(self) -> None:
         """Let this stream's loader workers end on the TERM that shuts them down (they ignore

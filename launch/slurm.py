@@ -221,24 +221,26 @@ def sbatch(script: Path) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
+def profile_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The cluster profile's fields given on the command line (None: the profile's value)."""
+    return {
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "procs_per_node": args.nproc_per_node,
+        "time": args.time,
+        "partition": args.partition,
+        "account": args.account,
+        "qos": args.qos,
+        "constraint": args.constraint,
+    }
+
+
 def submit(args: argparse.Namespace) -> int:
     """`paperscale submit`: validate, write the run dir's script and config, sbatch it."""
     job = load_config(args.config, args.overrides)
     if args.run_dir:
         job.run.dir = args.run_dir
-    profile = load_profile(
-        args.cluster,
-        {
-            "nodes": args.nodes,
-            "gpus_per_node": args.gpus_per_node,
-            "procs_per_node": args.nproc_per_node,
-            "time": args.time,
-            "partition": args.partition,
-            "account": args.account,
-            "qos": args.qos,
-            "constraint": args.constraint,
-        },
-    )
+    profile = load_profile(args.cluster, profile_overrides(args))
     validate_job(job, profile, args.dry_run)
     profile = with_save_lead(job, profile)
     run_dir = job.run_dir().resolve()
