@@ -8,12 +8,17 @@ TORCH ?= torch==2.13.0
 CORPUS ?= corpus/debian-ende
 DATA ?= data/debian-ende
 DEMO_RUN ?= runs/demo
+# fairseq, the peer bench/peer_fairseq.py measures against, in its own venv (it pins
+# omegaconf < 2.1 and hydra 1.0): the same torch, then fairseq-fixed from PyPI.
+FAIRSEQ_VENV ?= .venv-fairseq
+FAIRSEQ ?= fairseq-fixed==0.12.3.1
+BY_SOURCE ?= corpus/debian-ende-by-source
 export OMP_NUM_THREADS ?= 1
 export WANDB_SILENT := true
 # DeepSpeed's JIT-compiled ops live in the venv (built once by `make venv`, see trainer/ds_ops.py).
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
-.PHONY: venv test test-fast demo bench lint format clean
+.PHONY: venv test test-fast demo bench fairseq-venv lint format clean
 
 venv: $(VENV)/.installed $(VENV)/.ds_ops
 
@@ -50,6 +55,20 @@ test-fast: venv
 $(CORPUS)/corpus.json: | venv
 	$(PS) corpus fetch debian-ende $(CORPUS)
 
+# The same corpus with its training pairs grouped by source, as concatenated corpora arrive.
+$(BY_SOURCE)/corpus.json: | venv
+	$(PS) corpus fetch debian-ende $(BY_SOURCE) --train-order source
+
+fairseq-venv: $(FAIRSEQ_VENV)/.installed
+
+$(FAIRSEQ_VENV)/.installed:
+	test -x $(FAIRSEQ_VENV)/bin/python || python3 -m venv $(FAIRSEQ_VENV)
+	$(FAIRSEQ_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FAIRSEQ_VENV)/bin/python -m pip install -q $(TORCH) cython numpy setuptools wheel
+	$(FAIRSEQ_VENV)/bin/python -m pip install -q --no-build-isolation $(FAIRSEQ)
+	$(FAIRSEQ_VENV)/bin/python -c "import fairseq, torch; print('fairseq', fairseq.__version__, 'torch', torch.__version__)"
+	touch $@
+
 $(DATA)/manifest.json: $(CORPUS)/corpus.json
 	$(PS) prepare $(CORPUS) $(DATA) --config configs/tiny.yaml --workers 2
 
@@ -61,7 +80,7 @@ demo: venv $(DATA)/manifest.json
 
 # Every bench in bench/ at full size, one after another (hours on a small CPU machine); rewrites
 # bench/RESULTS.md. BENCH_ONLY=decode,sinks runs some and replaces only their tables.
-bench: venv $(CORPUS)/corpus.json
+bench: venv $(CORPUS)/corpus.json $(BY_SOURCE)/corpus.json fairseq-venv
 	$(PY) -m bench.suite $(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 
 clean:

@@ -71,6 +71,18 @@ def _needs_debian_corpus() -> str | None:
 
 
 DEMO_RUN, DEMO_DATA = "runs/demo", "data/debian-ende"
+FAIRSEQ_PYTHON = ".venv-fairseq/bin/python"
+BY_SOURCE_CORPUS = "corpus/debian-ende-by-source"
+
+
+def _needs_fairseq() -> str | None:
+    """Why the fairseq comparison cannot run at full size here, or None."""
+    if not (ROOT / FAIRSEQ_PYTHON).is_file():
+        return f"{FAIRSEQ_PYTHON} is missing (`make fairseq-venv` installs fairseq beside torch)"
+    for corpus in (DEBIAN_CORPUS, BY_SOURCE_CORPUS):
+        if not (ROOT / corpus / "train.en").is_file():
+            return f"{corpus} is missing (`make bench` fetches it first)"
+    return None
 
 
 def _needs_demo_run() -> str | None:
@@ -223,6 +235,32 @@ REGISTRY: tuple[Bench, ...] = (
         CPU_RANKS,
         timeout_s=3600,
         smoke_timeout_s=300,
+    ),
+    Bench(
+        "peer_fairseq",
+        "paperscale against fairseq on the demo recipe, same data, model and machine: "
+        "training and validation nll, target tokens/s (shuffled and source-ordered input); the "
+        "same weights and batches stepped by both; three initialisations.",
+        (
+            "{python}",
+            "-m",
+            "bench.peer_fairseq",
+            "--fairseq-python",
+            FAIRSEQ_PYTHON,
+            "--corpus",
+            DEBIAN_CORPUS,
+            "--corpus",
+            BY_SOURCE_CORPUS,
+            "--work",
+            "{work}",
+            "--json",
+            "{json}",
+        ),
+        ("{python}", "-m", "bench.peer_fairseq", "--smoke", "--work", "{work}", "--json", "{json}"),
+        CPU_RANKS,
+        timeout_s=7200,
+        smoke_timeout_s=420,
+        needs=_needs_fairseq,
     ),
     Bench(
         "scaling",

@@ -32,6 +32,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
                 valid_size=args.valid,
                 test_size=args.test,
                 min_words=args.min_words,
+                train_order=args.train_order,
                 log=lambda msg: print(msg, file=sys.stderr, flush=True),
             )
         except CorpusUnavailable as exc:

@@ -33,6 +33,13 @@ def add_corpus(sub: Subparsers) -> None:
     fetch.add_argument("--test", type=int, default=1000, help="test pairs (default 1000)")
     fetch.add_argument("--min-words", type=int, default=3, help="shortest side kept (default 3)")
     fetch.add_argument("--seed", type=int, default=1)
+    fetch.add_argument(
+        "--train-order",
+        choices=["shuffled", "source"],
+        default="shuffled",
+        help="training pairs in a seeded random order (default), or grouped by source as a "
+        "corpus concatenated from its parts comes (what `prepare` must cope with)",
+    )
     fetch.set_defaults(func=cmd_corpus)
     synth = csub.add_parser(
         "synthetic",

@@ -19,6 +19,7 @@ the package use the opposite convention (True = pad), matching torch.nn.Transfor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +119,20 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float | None = None) -> None:
+        """Q, K, V: xavier-uniform as one packed (3D, D) matrix, i.e. bound sqrt(6 / 4D) each
+        (torch.nn.MultiheadAttention's and fairseq's init); output: xavier-uniform (D, D);
+        biases zero. With `std`, every weight is N(0, std)."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            if std is not None:
+                nn.init.normal_(proj.weight, mean=0.0, std=std)
+            elif proj is self.out_proj:
+                nn.init.xavier_uniform_(proj.weight)
+            else:
+                nn.init.xavier_uniform_(proj.weight, gain=math.sqrt(0.5))  # packed (3D, D)
+            nn.init.zeros_(proj.bias)
 
     def _split(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, Dk)."""

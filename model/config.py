@@ -30,7 +30,7 @@ class ModelConfig:
     pre_norm: bool = False  # the paper is post-LN
     max_positions: int = 1024
     label_smoothing: float = 0.1
-    init_std: float | None = None  # None: xavier-uniform projections, N(0, d^-0.5) embeddings
+    init_std: float | None = None  # None: fairseq's init (Transformer.reset_parameters)
 
     def problems(self) -> list[tuple[str, str]]:
         """(key, message) for each invalid value; empty when the config is usable."""

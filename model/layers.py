@@ -21,6 +21,17 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(activation_dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float | None = None) -> None:
+        """torch's default Linear weights, U(+-1 / sqrt(fan_in)) (fairseq's feed-forward init),
+        zero biases; with `std`, N(0, std) weights."""
+        for linear in (self.linear1, self.linear2):
+            if std is None:
+                linear.reset_parameters()
+            else:
+                nn.init.normal_(linear.weight, mean=0.0, std=std)
+            nn.init.zeros_(linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, T, D)."""

@@ -127,6 +127,7 @@ def fetch_debian_ende(
     log: Callable[[str], None] = print,
     min_words: int = 3,
     max_words: int = 60,
+    train_order: str = "shuffled",
     refresh: bool = False,
     apt_sources: str | None = None,
     apt_options: dict[str, str] | None = None,
@@ -136,7 +137,9 @@ def fetch_debian_ende(
     Writes ``train/valid/test.{en,de}`` and ``corpus.json``. Raises `CorpusUnavailable` (one-line
     message) when the archive cannot be reached. `min_words`/`max_words` bound the words per
     side (3 drops most dictionary headwords; German compounds make 2 keep about twice as many
-    Ding pairs). `apt_sources` (deb822 text) and `apt_options` override the system's apt
+    Ding pairs). `train_order` "source" keeps the training pairs grouped by source (Ding
+    examples, Ding phrases, DDTP summaries, ...), as a corpus concatenated from its parts
+    arrives; valid/test are the same either way. `apt_sources` (deb822 text) and `apt_options` override the system's apt
     sources and settings (tests point them at an unreachable mirror).
     """
     started = time.monotonic()
@@ -157,6 +160,8 @@ def fetch_debian_ende(
     filtered.update(pre_filtered)
     log(f"clean: {len(kept)} pairs kept of {len(raw)}")
     splits = split_pairs(kept, valid_size=valid_size, test_size=test_size, seed=seed)
+    if train_order == "source":
+        splits["train"] = sorted(splits["train"], key=lambda p: p.source)  # stable
     for split in SPLITS:
         write_split(out_dir, split, splits[split])
     sources = source_counts(raw_counts, splits)
@@ -164,6 +169,7 @@ def fetch_debian_ende(
         "kind": "debian-ende",
         "direction": "en-de",
         "seed": seed,
+        "train_order": train_order,
         "splits": {s: len(splits[s]) for s in SPLITS},
         "families": family_counts(sources),
         "sources": sources,

@@ -101,7 +101,19 @@ def _overhead_same_precision(outcome: suite.Outcome) -> None:
     assert by_figure["paperscale step"]["precision"] in ("bf16", "fp32")
 
 
+def _peer_paperscale_side(outcome: suite.Outcome) -> None:
+    """Without fairseq (CI has none) paperscale's halves: its training and validation figures,
+    and the three-way initialisation part with its two paperscale-side rows."""
+    sides = {(r["figure"], r.get("side")) for r in outcome.rows}
+    for figure in ("train_nll_mid", "train_nll_last", "valid_nll", "tgt_tokens_per_s"):
+        assert (figure, "paperscale") in sides
+    inits = {r["init"]: r["value"] for r in outcome.rows if r["figure"] == "train_nll_last_steps"}
+    assert {"paperscale", "previous xavier"} <= set(inits)
+    assert all(0 < v < 10 for v in inits.values())
+
+
 CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
+    "peer_fairseq": _peer_paperscale_side,
     "gpu": _gpu_four_configurations,
     "zero_memory": _zero_memory_within_plan,
     "decode": _decode_cache_same_work,
@@ -138,7 +150,8 @@ def test_bench_runs_at_smoke_size(name: str, tmp_path: Path) -> None:
 def test_registry_runs_every_bench_in_bench_dir() -> None:
     """A new bench script must be registered (or it would not run in CI): every script in
     bench/ but the shared modules appears in some registered command."""
-    helpers = {"__init__.py", "common.py", "suite.py", "gpu_bench.py"}  # gpu.sh runs gpu_bench
+    # gpu.sh runs gpu_bench, peer_fairseq runs fairseq_worker under fairseq's python
+    helpers = {"__init__.py", "common.py", "suite.py", "gpu_bench.py", "fairseq_worker.py"}
     scripts = {p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")}
     commands = " ".join(" ".join(b.full + b.smoke) for b in suite.REGISTRY)
     for script in sorted(scripts - helpers):

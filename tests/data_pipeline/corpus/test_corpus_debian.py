@@ -136,3 +136,31 @@ def test_build_from_cache_without_network(tmp_path: Path) -> None:
         tmp_path, valid_size=4, test_size=4, apt_sources=UNREACHABLE, log=lambda m: None
     )
     assert again == stats
+
+
+def test_train_order_source_groups_the_same_pairs_by_source(tmp_path: Path) -> None:
+    make_cache(tmp_path)
+    shuffled = fetch_debian_ende(
+        tmp_path, valid_size=4, test_size=4, apt_sources=UNREACHABLE, log=lambda m: None
+    )
+    pairs = lambda split: list(  # noqa: E731
+        zip(
+            (tmp_path / f"{split}.en").read_text(encoding="utf-8").splitlines(),
+            (tmp_path / f"{split}.de").read_text(encoding="utf-8").splitlines(),
+            strict=True,
+        )
+    )
+    before = {s: pairs(s) for s in ("train", "valid", "test")}
+    by_source = fetch_debian_ende(
+        tmp_path, valid_size=4, test_size=4, apt_sources=UNREACHABLE, log=lambda m: None,
+        train_order="source",
+    )  # fmt: skip
+    assert by_source["train_order"] == "source" and shuffled["train_order"] == "shuffled"
+    after = {s: pairs(s) for s in ("train", "valid", "test")}
+    assert after["valid"] == before["valid"] and after["test"] == before["test"]
+    assert sorted(after["train"]) == sorted(before["train"]) and after["train"] != before["train"]
+    # the 4 Ding pairs come as one block (ddtp/... sorts before ding/...)
+    ding_en = {line.split(" :: ")[1].split(" | ")[0] for line in DING_LINES[1:]}
+    positions = [i for i, (en, _) in enumerate(after["train"]) if en in ding_en]
+    assert len(positions) >= 2
+    assert positions == list(range(positions[0], positions[0] + len(positions)))

@@ -1,0 +1,165 @@
+"""fairseq's half of bench/peer_fairseq.py; runs under the python of a venv with fairseq
+(it imports torch and fairseq only, none of paperscale).
+
+    FSQ/bin/python bench/fairseq_worker.py export-init SPEC.json OUT.pt
+    FSQ/bin/python bench/fairseq_worker.py lockstep SPEC.json DUMP.pt STEPS
+
+SPEC.json: {"bin": fairseq-preprocess dir, "args": fairseq-train arguments of the recipe,
+"special": {paperscale id: fairseq index}, "seed": int}. DUMP.pt (written by peer_fairseq.py):
+{"batches": [{"src", "tgt_in", "tgt_out"} in paperscale ids], "init": paperscale state dict}.
+
+`export-init` writes fairseq's own initial weights (its RNG, its init) under paperscale's
+parameter names and id order. `lockstep` trains fairseq's model from paperscale's initial
+weights on the dumped micro-batches (4 per step; fairseq's criterion, Adam and inverse_sqrt,
+grads * 1 / sample_size as fairseq's Trainer does), with paperscale's sinusoidal table in place
+of fairseq's, and prints one JSON line per step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+ACCUM = 4  # micro-batches per step in the dump
+
+
+def build(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """fairseq's task, model and criterion for the recipe's arguments."""
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    ns = options.parse_args_and_arch(parser, input_args=[spec["bin"], *spec["args"]])
+    cfg = convert_namespace_to_omegaconf(ns)
+    utils.set_torch_seed(spec["seed"])
+    task = tasks.setup_task(cfg.task)
+    return cfg, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+
+
+def fairseq_name(ours: str) -> str:
+    """paperscale's parameter name -> fairseq's (layers have the same indices)."""
+    n = ours
+    if n.startswith("encoder."):
+        n = n.replace("norm1", "self_attn_layer_norm").replace("norm2", "final_layer_norm")
+    else:
+        n = n.replace("cross_attn", "encoder_attn").replace("norm1", "self_attn_layer_norm")
+        n = n.replace("norm2", "encoder_attn_layer_norm").replace("norm3", "final_layer_norm")
+    return n.replace("ffn.linear1", "fc1").replace("ffn.linear2", "fc2")
+
+
+SHARED = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+OUTPUT = "decoder.output_projection.weight"
+
+
+def permutation(spec: dict[str, Any], vocab: int) -> torch.Tensor:
+    """fairseq index of each paperscale id (the specials differ; pieces keep their ids)."""
+    special = {int(k): v for k, v in spec["special"].items()}
+    return torch.tensor([special.get(i, i) for i in range(vocab)])
+
+
+def to_fairseq(ours: dict[str, torch.Tensor], perm: torch.Tensor) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in ours.items():
+        if k == "embed.weight":
+            w = torch.empty_like(v)
+            w[perm] = v  # (V, D) rows in fairseq's dictionary order
+            for name in (*SHARED, OUTPUT):
+                out[name] = w
+        else:
+            out[fairseq_name(k)] = v
+    return out
+
+
+def to_ours(
+    fs: dict[str, torch.Tensor], names: list[str], perm: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    out = {"embed.weight": fs[SHARED[0]][perm].clone()}  # (V, D) rows in paperscale id order
+    out.update({k: fs[fairseq_name(k)].clone() for k in names if k != "embed.weight"})
+    return out
+
+
+class Positions(nn.Module):
+    """paperscale's sinusoidal table (interleaved sin/cos, positions from 0) for fairseq."""
+
+    def __init__(self, d_model: int, n: int = 1024) -> None:
+        super().__init__()
+        pos = torch.arange(n, dtype=torch.float64)[:, None]  # (N, 1)
+        two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (D/2,)
+        angle = pos / torch.pow(10000.0, two_i / d_model)  # (N, D/2)
+        table = torch.empty(n, d_model, dtype=torch.float64)  # (N, D)
+        table[:, 0::2], table[:, 1::2] = torch.sin(angle), torch.cos(angle)
+        self.register_buffer("table", table.float())
+        self.max_positions = n
+
+    def forward(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        b, t = tokens.shape
+        return self.table[:t][None].expand(b, -1, -1)  # (B, T, D)
+
+
+def export_init(spec: dict[str, Any], out: str) -> None:
+    _, model, _ = build(spec)
+    names = spec["names"]
+    vocab = model.encoder.embed_tokens.weight.shape[0]
+    torch.save(to_ours(model.state_dict(), names, permutation(spec, vocab)), out)
+
+
+def lockstep(spec: dict[str, Any], dump_path: str, steps: int) -> None:
+    from fairseq import optim
+    from fairseq.optim import lr_scheduler
+
+    cfg, model, criterion = build(spec)
+    dump = torch.load(dump_path, weights_only=True)
+    perm = permutation(spec, dump["init"]["embed.weight"].shape[0])
+    missing = model.load_state_dict(to_fairseq(dump["init"], perm), strict=False)
+    assert not missing.unexpected_keys, missing.unexpected_keys
+    d_model = dump["init"]["embed.weight"].shape[1]
+    model.encoder.embed_positions = Positions(d_model)
+    model.decoder.embed_positions = Positions(d_model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = optim.build_optimizer(cfg.optimizer, params)
+    sched = lr_scheduler.build_lr_scheduler(cfg.lr_scheduler, optimizer)
+    sched.step_update(0)
+    model.train()
+    batches = dump["batches"]
+    for step in range(steps):
+        optimizer.zero_grad()
+        sample_size, loss_sum = 0, 0.0
+        for b in batches[ACCUM * step : ACCUM * (step + 1)]:
+            sample = {
+                "net_input": {
+                    "src_tokens": perm[b["src"]],
+                    "src_lengths": b["src"].ne(0).sum(1),
+                    "prev_output_tokens": perm[b["tgt_in"]],
+                },
+                "target": perm[b["tgt_out"]],
+                "ntokens": int(b["tgt_out"].ne(0).sum()),
+                "nsentences": int(b["src"].shape[0]),
+            }
+            loss, size, log = criterion(model, sample)
+            loss.backward()
+            sample_size += size
+            loss_sum += float(log["loss"])
+        optimizer.multiply_grads(1.0 / sample_size)
+        optimizer.step()
+        sched.step_update(step + 1)
+        print(json.dumps({"step": step + 1, "loss": loss_sum / sample_size}), flush=True)
+
+
+def main(argv: list[str]) -> None:
+    command, spec_path, *rest = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    if command == "export-init":
+        export_init(spec, rest[0])
+    elif command == "lockstep":
+        lockstep(spec, rest[0], int(rest[1]))
+    else:
+        raise SystemExit(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,88 @@
+"""The trainer computes the recipe it claims: 2 ranks under DeepSpeed ZeRO 2 with accumulation
+give, step for step, the losses of a bare PyTorch loop of the paper's recipe (same initial
+weights, the same micro-batches, torch Adam, the inverse-sqrt schedule, gradient = summed token
+losses / target tokens of the whole step).
+
+That bare loop is the reference bench/peer_fairseq.py checks against fairseq: with the same
+weights and batches it gives fairseq's per-step losses (bench/RESULTS.md). Together they pin
+"learns per step as fairseq does" for everything but the initialisation (tests/model/test_init.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_pipeline.loader import Batch, TokenBatchStream
+from launch.config import load_config
+from model.config import ModelConfig
+from model.transformer import Transformer
+from tests.integration.conftest import TINY_MODEL
+from tests.integration.test_zero_stages import ROOT, losses, train
+from trainer.engine import seed_everything
+from trainer.schedule import build_scheduler
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+STEPS, WORLD, ACCUM = 8, 2, 2
+# fp32, dropout off. The trainer differs from the loop only in the order of its reductions
+# (gradients averaged over 2 ranks in ZeRO's flat buffers, then scaled back): ~1e-7 relative
+# per step, which Adam carries along. A recipe that differs in anything (here: each
+# micro-batch's loss normalised by its own tokens, the classic mistake) is off by 1e-3 and more.
+REL_TOL = 2e-5
+
+
+def rank_batches(data: Path, job: object) -> list[list[Batch]]:
+    """The micro-batches of each step as the trainer's ranks read them (rank-major per step)."""
+    streams = [
+        iter(TokenBatchStream(data, "train", job.data, rank=r, world_size=WORLD))  # type: ignore[attr-defined]
+        for r in range(WORLD)
+    ]
+    return [[next(s) for s in streams for _ in range(ACCUM)] for _ in range(STEPS)]
+
+
+def reference_losses(data: Path, per_batch_mean: bool = False) -> list[float]:
+    job = load_config(
+        ROOT / "configs/tiny.yaml",
+        [*TINY_MODEL, "model.dropout=0.0", "model.vocab_size=96", f"data.dir={data}"],
+    )
+    seed_everything(job.train.seed)  # as trainer.loop: the seed, then the model
+    model = Transformer(ModelConfig(**job.model.__dict__)).train()
+    opt = torch.optim.Adam(
+        model.parameters(), lr=1.0, betas=(job.optim.beta1, job.optim.beta2), eps=job.optim.eps
+    )
+    sched = build_scheduler(
+        opt, d_model=job.model.d_model, warmup_steps=job.optim.warmup_steps, lr=job.optim.lr,
+        warmup_init_lr=job.optim.warmup_init_lr,
+    )  # fmt: skip
+    eps = job.model.label_smoothing
+    out = []
+    for micro in rank_batches(data, job):
+        tokens = sum(b.n_tgt_tokens for b in micro)
+        total = 0.0
+        for b in micro:
+            loss, _, _ = model(b.src, b.tgt_in, b.tgt_out, eps, src_padded=b.src_padded)
+            norm = b.n_tgt_tokens * len(micro) if per_batch_mean else tokens
+            (loss / norm).backward()
+            total += float(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(total / tokens)
+    return out
+
+
+def test_two_ranks_with_accumulation_give_the_reference_loops_losses(
+    synthetic_data: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    train(run, synthetic_data, 2, STEPS, tmp_path, "model.dropout=0.0", "train.save_every=0")
+    got = losses(run)
+    assert len(got) == STEPS
+    want = reference_losses(synthetic_data)
+    assert got == pytest.approx(want, rel=REL_TOL)
+    assert got[-1] < got[0]  # the weights moved: the comparison covers the optimizer's steps
+    wrong = reference_losses(synthetic_data, per_batch_mean=True)
+    assert max(abs(a / b - 1) for a, b in zip(got, wrong, strict=True)) > 50 * REL_TOL
