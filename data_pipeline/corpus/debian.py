@@ -140,7 +140,8 @@ def fetch_debian_ende(
     Ding pairs). `train_order` "source" keeps the training pairs grouped by source (Ding
     examples, Ding phrases, DDTP summaries, ...), as a corpus concatenated from its parts
     arrives; valid/test are the same either way. `apt_sources` (deb822 text) and
-    `apt_options` override the system's apt sources and settings (tests point them at an unreachable mirror).
+    `apt_options` override the system's apt sources and settings (tests point them at an
+    unreachable mirror).
     """
     started = time.monotonic()
     out_dir = Path(out_dir)
