@@ -42,7 +42,7 @@ def load_train_job(args: argparse.Namespace) -> JobConfig:
 def cmd_train(args: argparse.Namespace) -> int:
     from launch.config import to_dict, to_yaml
     from launch.local import inside_torchrun, run_torchrun, use_cuda
-    from trainer.checkpoint import write_atomic
+    from trainer.run_dir import write_atomic
 
     job = load_train_job(args)
     run = RunDir(Path(job.run.dir))

@@ -101,8 +101,20 @@ def run_torchrun(
             signal.signal(sig, handler)
 
 
-def use_cuda(device: str) -> bool:
-    """Whether `train.device` resolves to CUDA on this machine."""
+# Device nodes without which no CUDA (NVIDIA) or ROCm (AMD, torch.cuda too) device is visible.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
+
+
+def use_cuda(device: str, device_nodes: tuple[str, ...] | None = None) -> bool:
+    """Whether `train.device` resolves to CUDA on this machine.
+
+    On a machine without GPU device nodes `auto` is the CPU without importing torch (about
+    2 s of the launcher's start, before torchrun can begin); elsewhere torch decides."""
+    if device != "auto":
+        return device == "cuda"
+    nodes = GPU_DEVICE_NODES if device_nodes is None else device_nodes
+    if not any(os.path.exists(node) for node in nodes):
+        return False
     import torch
 
-    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return torch.cuda.is_available()

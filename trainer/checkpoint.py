@@ -19,22 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.run_dir import CheckpointDir
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file, fsync it and rename it over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+from trainer.run_dir import CheckpointDir, write_atomic
 
 
 class CheckpointError(RuntimeError):

@@ -20,8 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from model.config import ModelConfig
 from model.transformer import Transformer
-from trainer.checkpoint import write_atomic
-from trainer.run_dir import CONFIG, TOKENIZER, CheckpointDir, LayoutError, RunDir
+from trainer.run_dir import CONFIG, TOKENIZER, CheckpointDir, LayoutError, RunDir, write_atomic
 
 WEIGHTS = "model.safetensors"
 MODEL_JSON = "model.json"

@@ -23,9 +23,26 @@ Nothing else in the project spells these names; other modules ask a `RunDir` or 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file, fsync it and rename it over `path`."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
 
 CONFIG = "config.yaml"
 TOKENIZER = "spm.model"

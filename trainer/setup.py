@@ -116,7 +116,7 @@ def settle_job(job: Job, run: RunDir, resolved: dict[str, Any], env: DistEnv) ->
     if env.is_main:
         from omegaconf import OmegaConf
 
-        from trainer.checkpoint import write_atomic
+        from trainer.run_dir import write_atomic
 
         write_atomic(run.config, OmegaConf.to_yaml(OmegaConf.create(resolved)))
     return SettledJob(job, resolved, model_cfg, tokenizer, tag, universal, choice)

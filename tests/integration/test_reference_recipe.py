@@ -28,10 +28,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STEPS, WORLD, ACCUM = 8, 2, 2
 # fp32, dropout off. The trainer differs from the loop only in the order of its reductions
-# (gradients averaged over 2 ranks in ZeRO's flat buffers, then scaled back): ~1e-7 relative
-# per step, which Adam carries along. A recipe that differs in anything (here: each
-# micro-batch's loss normalised by its own tokens, the classic mistake) is off by 1e-3 and more.
-REL_TOL = 2e-5
+# (gradients averaged over 2 ranks in ZeRO's flat buffers, then scaled back): measured 5e-8
+# relative over the 8 steps. A recipe that differs in anything (here: each micro-batch's loss
+# normalised by its own tokens, the classic mistake) is off by 3e-4 on these batches.
+REL_TOL = 1e-6
 
 
 def rank_batches(data: Path, job: object) -> list[list[Batch]]:
@@ -85,4 +85,9 @@ def test_two_ranks_with_accumulation_give_the_reference_loops_losses(
     assert got == pytest.approx(want, rel=REL_TOL)
     assert got[-1] < got[0]  # the weights moved: the comparison covers the optimizer's steps
     wrong = reference_losses(synthetic_data, per_batch_mean=True)
-    assert max(abs(a / b - 1) for a, b in zip(got, wrong, strict=True)) > 50 * REL_TOL
+    off = max(abs(a / b - 1) for a, b in zip(got, wrong, strict=True))
+    print(
+        f"trainer vs reference: {max(abs(a / b - 1) for a, b in zip(got, want, strict=True)):.2e}; "
+        f"vs per-batch means: {off:.2e}"
+    )
+    assert off > 100 * REL_TOL

@@ -6,6 +6,7 @@ Which searches are compared, and why with length penalty 0, is in trainer/serve/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +48,32 @@ class Served:
     sources: list[str]
     src: torch.Tensor  # (N, S) our ids, EOS last, PAD after
     ours: Transformer
+
+
+class ScoredAsCT2(torch.nn.Module):
+    """Our model scoring as CTranslate2 does: it removes <pad> and <s> before its softmax, so
+    its log-probabilities are renormalised over the other tokens (trainer/serve/__init__.py).
+    Ours and Transformers' are not. A trained model gives those two tokens little mass, but
+    this small one 0.1-0.7 % per step (label smoothing spreads eps / V onto each of the 96
+    pieces), which is enough to flip near-ties between its beams; so CTranslate2 is compared
+    with our search over the same renormalised distribution."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def encode(self, src: torch.Tensor, padded: bool | None = None) -> object:
+        return self.model.encode(src, padded)
+
+    def decode(self, tgt_in: torch.Tensor, enc: object, cache: object = None) -> torch.Tensor:
+        logits = self.model.decode(tgt_in, enc, cache)  # type: ignore[arg-type]  # (B, T, V)
+        logits[..., [PAD_ID, BOS_ID]] = -torch.inf
+        return logits
+
+
+def translator_scored_as_ct2(run: Path) -> Translator:
+    ours = Translator.load(run / "model")
+    return dataclasses.replace(ours, model=ScoredAsCT2(ours.model))  # type: ignore[arg-type]
 
 
 @pytest.fixture(autouse=True)
@@ -187,9 +214,10 @@ def test_ctranslate2_fp32_equals_our_search(served: Served) -> None:
     index = {piece: i for i, piece in enumerate(vocab)}
     pieces = [[vocab[t] for t in row if t not in (PAD_ID, EOS_ID)] for row in served.src.tolist()]
     limits = dict(max_len_a=0.0, max_len_b=MAX_NEW)
+    ours = ScoredAsCT2(served.ours)
     with torch.no_grad():
-        greedy = greedy_search(served.ours, served.src, **limits)
-        beam = [h[0].tokens for h in beam_search(served.ours, served.src, beam=4, lenpen=0.0,
+        greedy = greedy_search(ours, served.src, **limits)  # type: ignore[arg-type]
+        beam = [h[0].tokens for h in beam_search(ours, served.src, beam=4, lenpen=0.0,  # type: ignore[arg-type]
                                                  early_stop=False, **limits)]  # fmt: skip
     ended = [i for i, tokens in enumerate(beam) if len(tokens) < MAX_NEW - 1]
     assert len(ended) >= N_SENTENCES - 5
@@ -203,7 +231,7 @@ def test_ctranslate2_fp32_equals_our_search(served: Served) -> None:
 
 
 def test_ctranslate2_engine_equals_our_translator(served: Served) -> None:
-    ours = Translator.load(served.run / "model")
+    ours = translator_scored_as_ct2(served.run)
     theirs = CT2Translator.load(served.ct2)
     for beam in (1, 4):
         a = ours.translate(served.sources, beam=beam, lenpen=0.0)
@@ -232,4 +260,9 @@ def test_translate_cli_names_the_engine(
     theirs = capsys.readouterr()
     assert theirs.err.strip().splitlines() == [theirs.err.strip()]
     assert theirs.err.startswith(f"paperscale: engine: {engine}")
-    assert theirs.out == ours.out and len(ours.out.splitlines()) == N_SENTENCES
+    assert len(ours.out.splitlines()) == N_SENTENCES
+    if export == "hf":
+        assert theirs.out == ours.out
+    else:  # what our translator gives when it scores as CTranslate2 does (ScoredAsCT2)
+        same = translator_scored_as_ct2(served.run).translate(served.sources, beam=4, lenpen=0.0)
+        assert theirs.out.splitlines() == [row[0][0] for row in same]

@@ -26,8 +26,9 @@ length counting EOS, max_len = floor(a * src_len + b) per sentence, EOS forced t
   CTranslate2 whenever alpha != 0).
 - Forbidden tokens: CTranslate2 removes `<pad>` and `<s>` before its softmax, so its
   log-probabilities are renormalised over the other tokens (ours and Transformers' are not);
-  a trained model gives those two tokens almost no probability, and the greedy argmax is
-  unchanged.
+  a trained model gives those two tokens little probability (label smoothing trains eps / V
+  onto each), so the greedy argmax is unchanged, but a beam's near-ties can go another way
+  (the test suite compares CTranslate2 with our search over the renormalised distribution).
 - Length limits: Transformers' `max_new_tokens` and CTranslate2's `max_decoding_length` are
   one number per call, and at that limit Transformers' `forced_eos_token_id` gives EOS the
   log-probability 0 while CTranslate2 ends the hypothesis without EOS; ours gives EOS its own

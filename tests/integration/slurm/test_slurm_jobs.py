@@ -21,7 +21,7 @@ from tests.integration.slurm.cluster import LocalSlurm
 from tests.integration.slurm.conftest import finished, job_fields, submit, submitted_job, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one local Slurm
 
 STEPS = 36
 JOB_ARGS = [

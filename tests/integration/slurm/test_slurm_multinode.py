@@ -16,7 +16,7 @@ from tests.integration.slurm.conftest import finished, submit, submitted_job, wa
 from trainer.checkpoint import saved_world_size
 
 ROOT = Path(__file__).resolve().parents[3]
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one local Slurm
 STEPS = 12
 
 
