@@ -102,6 +102,19 @@ def family_counts(sources: dict[str, dict[str, int]]) -> dict[str, dict[str, int
     return families
 
 
+def _raw_pairs(
+    apt: PrivateApt, cache: Path, refresh: bool, include_gettext: bool, log: Callable[[str], None]
+) -> tuple[list[RawPair], Counter[str], dict]:
+    """Every source's raw pairs, what the gettext reader filtered already, and corpus.json's
+    record of the inputs."""
+    ding_raw, ding_deb = _ding_pairs(apt, cache, refresh, log)
+    ddtp_raw, index_files = _ddtp_pairs(apt, log)
+    pre_filtered: Counter[str] = Counter()
+    gettext_raw, catalogs = _gettext_pairs(pre_filtered, log) if include_gettext else ([], [])
+    inputs = _inputs_record(ding_deb, index_files, catalogs)
+    return ding_raw + ddtp_raw + gettext_raw, pre_filtered, inputs
+
+
 def _inputs_record(ding_deb: str, index_files: list[str], catalogs: list[str]) -> dict:
     return {"ding": ding_deb, "ddtp_indexes": index_files, "gettext_catalogs": len(catalogs)}
 
@@ -137,10 +150,9 @@ def fetch_debian_ende(
     Writes ``train/valid/test.{en,de}`` and ``corpus.json``. Raises `CorpusUnavailable` (one-line
     message) when the archive cannot be reached. `min_words`/`max_words` bound the words per
     side (3 drops most dictionary headwords; German compounds make 2 keep about twice as many
-    Ding pairs). `train_order` "source" keeps the training pairs grouped by source (Ding
-    examples, Ding phrases, DDTP summaries, ...), as a corpus concatenated from its parts
-    arrives; valid/test are the same either way. `apt_sources` (deb822 text) and
-    `apt_options` override the system's apt sources and settings (tests point them at an
+    Ding pairs). `train_order` "source" groups the training pairs by source, as a corpus
+    concatenated from its parts arrives (valid/test unchanged). `apt_sources` (deb822 text)
+    and `apt_options` override the system's apt sources and settings (tests point them at an
     unreachable mirror).
     """
     started = time.monotonic()
@@ -150,11 +162,7 @@ def fetch_debian_ende(
     if refresh or not apt.has_lists():
         log("apt-get update (private lists, English and German translations) ...")
         apt.update()
-    ding_raw, ding_deb = _ding_pairs(apt, cache, refresh, log)
-    ddtp_raw, index_files = _ddtp_pairs(apt, log)
-    pre_filtered: Counter[str] = Counter()
-    gettext_raw, catalogs = _gettext_pairs(pre_filtered, log) if include_gettext else ([], [])
-    raw: list[RawPair] = ding_raw + ddtp_raw + gettext_raw
+    raw, pre_filtered, inputs = _raw_pairs(apt, cache, refresh, include_gettext, log)
     raw_counts = Counter(p.source for p in raw)
     rules = FilterRules(min_words=min_words, max_words=max_words)
     kept, filtered = clean_pairs(raw, rules)
@@ -176,7 +184,7 @@ def fetch_debian_ende(
         "sources": sources,
         "filtered": dict(sorted(filtered.items())),
         "rules": _rules_record(rules),
-        "inputs": _inputs_record(ding_deb, index_files, catalogs),
+        "inputs": inputs,
     }
     (out_dir / "corpus.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
     counts = ", ".join(f"{s} {len(splits[s])}" for s in SPLITS)
