@@ -12,13 +12,14 @@ SPEC.json: {"bin": fairseq-preprocess dir, "args": fairseq-train arguments of th
 parameter names and id order. `lockstep` trains fairseq's model from paperscale's initial
 weights on the dumped micro-batches (4 per step; fairseq's criterion, Adam and inverse_sqrt,
 grads * 1 / sample_size as fairseq's Trainer does), with paperscale's sinusoidal table in place
-of fairseq's, and prints one JSON line per step.
+of fairseq's, and prints one JSON line per step: its loss and seconds.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import torch
@@ -126,6 +127,7 @@ def lockstep(spec: dict[str, Any], dump_path: str, steps: int) -> None:
     model.train()
     batches = dump["batches"]
     for step in range(steps):
+        started = time.perf_counter()
         optimizer.zero_grad()
         sample_size, loss_sum = 0, 0.0
         for b in batches[ACCUM * step : ACCUM * (step + 1)]:
@@ -146,7 +148,10 @@ def lockstep(spec: dict[str, Any], dump_path: str, steps: int) -> None:
         optimizer.multiply_grads(1.0 / sample_size)
         optimizer.step()
         sched.step_update(step + 1)
-        print(json.dumps({"step": step + 1, "loss": loss_sum / sample_size}), flush=True)
+        seconds = time.perf_counter() - started
+        print(
+            json.dumps({"step": step + 1, "loss": loss_sum / sample_size, "s": seconds}), flush=True
+        )
 
 
 def main(argv: list[str]) -> None:

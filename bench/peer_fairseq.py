@@ -41,6 +41,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -284,8 +285,9 @@ def previous_init(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
 def bare_loop(
     cfg: ModelConfig, job: Any, init: dict[str, torch.Tensor],
     batches: list[dict[str, torch.Tensor]], steps: int, accum: int, fairseq_lr: bool,
-) -> list[tuple[float, float]]:  # fmt: skip
-    """paperscale's recipe without the trainer: (loss, nll) per step, per target token."""
+) -> list[tuple[float, float, float]]:  # fmt: skip
+    """paperscale's recipe without the trainer: (loss, nll, seconds) per step, per target
+    token."""
     torch.manual_seed(job.train.seed)  # the dropout stream, the same for every initial state
     model = Transformer(cfg)
     model.load_state_dict(init)
@@ -307,6 +309,7 @@ def bare_loop(
         )  # fmt: skip
     out = []
     for step in range(steps):
+        started = time.perf_counter()
         micro = batches[accum * step : accum * (step + 1)]
         tokens = sum(int(b["tgt_out"].ne(PAD_ID).sum()) for b in micro)
         loss_sum = nll_sum = 0.0
@@ -317,7 +320,7 @@ def bare_loop(
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        out.append((loss_sum / tokens, nll_sum / tokens))
+        out.append((loss_sum / tokens, nll_sum / tokens, time.perf_counter() - started))
     return out
 
 
@@ -360,12 +363,17 @@ def controlled(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row]:
         dump = work / "lockstep.pt"
         torch.save({"batches": batches[: args.lockstep_steps * accum], "init": ours}, dump)
         lines = worker(args, "lockstep", spec, str(dump), str(args.lockstep_steps))
-        theirs = [json.loads(x)["loss"] for x in lines.splitlines() if x.startswith("{")]
-        mine = [x[0] for x in bare_loop(exact, job, ours, batches, args.lockstep_steps, accum,
-                                         fairseq_lr=True)]  # fmt: skip
-        worst = max(abs(a / b - 1) for a, b in zip(mine, theirs, strict=True))
-        rows.append(row("lockstep_max_rel_loss_diff", worst, "relative",
-                        steps=args.lockstep_steps, corpus=corpus.name))  # fmt: skip
+        theirs = [json.loads(x) for x in lines.splitlines() if x.startswith("{")]
+        mine = bare_loop(exact, job, ours, batches, args.lockstep_steps, accum, fairseq_lr=True)
+        worst = max(abs(a[0] / b["loss"] - 1) for a, b in zip(mine, theirs, strict=True))
+        context = {"steps": args.lockstep_steps, "corpus": corpus.name}
+        rows.append(row("lockstep_max_rel_loss_diff", worst, "relative", **context))
+        # the same work in one thread each, step 1 (warm-up) left out
+        timed = slice(1 if args.lockstep_steps > 1 else 0, None)
+        rate = statistics.median(b["s"] for b in theirs[timed]) / statistics.median(
+            a[2] for a in mine[timed]
+        )
+        rows.append(row("lockstep_speed_vs_fairseq", rate, "x fairseq", **context))
     inits = {"paperscale": ours, "previous xavier": previous_init(cfg, job.train.seed)}
     if args.fairseq_python:
         out = work / "fairseq-init.pt"
