@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,16 +37,43 @@ def paperscale(
 ) -> subprocess.CompletedProcess:
     """Run `python -m launch.cli ARGS` and fail the test (not hang) past `timeout` seconds.
 
+    The command runs in a session of its own, so that every process it starts (torchrun, the
+    ranks, their loader workers) can be ended together: past the timeout each gets SIGABRT,
+    which makes every Python process print its threads' tracebacks (PYTHONFAULTHANDLER), then
+    SIGKILL; the test fails with the tail of what they printed. Processes left behind by a
+    finished command are killed too, so none keeps a core busy for the rest of the suite.
     `env` adds to (or overrides) the test environment of cli_env()."""
-    return subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "launch.cli", *args],
         cwd=cwd,
-        env={**cli_env(), **(env or {})},
-        capture_output=True,
+        env={**cli_env(), "PYTHONFAULTHANDLER": "1", **(env or {})},
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        input=stdin,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGABRT)
+        try:
+            stdout, stderr = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        _signal_group(proc.pid, signal.SIGKILL)
+        pytest.fail(
+            f"`paperscale {' '.join(args[:1])}` ran past {timeout:g} s; its processes' "
+            f"tracebacks:\n{stdout[-2000:]}\n{stderr[-12000:]}"
+        )
+    _signal_group(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 @pytest.fixture(scope="session")
