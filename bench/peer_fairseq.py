@@ -16,7 +16,9 @@ builds `.venv-fairseq` with the same torch and fairseq-fixed 0.12.3.1 from PyPI.
    (one process with 2 threads, --update-freq = ranks x accumulation, the same --max-tokens),
    --steps steps each, one after the other. Figures: training nll (nats per target token, the
    log window ending there) at the middle and last step, validation nll at the last step,
-   target tokens/s (median of the log windows after the first), and paperscale - fairseq /
+   target tokens/s by each side's own meter (median of the log windows after the first) and
+   over the job (every real target token trained on / seconds from launch to exit, startup,
+   validation and our export included), target tokens per step, and paperscale - fairseq /
    paperscale : fairseq.
 2. Lockstep: the same initial weights (ours, mapped to fairseq's names and dictionary order),
    the same micro-batches (from our loader), dropout 0 and our sinusoidal table in both, and
@@ -70,9 +72,11 @@ SMOKE_VOCAB = 96
 SHOWN = ("figure", "value", "unit")  # the columns; other keys are context
 
 
-def run(cmd: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
-    """Run `cmd`, its output to `log`; a failure raises with the log's tail."""
+def run(cmd: Sequence[str], log: Path, env: dict[str, str] | None = None) -> float:
+    """Run `cmd`, its output to `log`; the seconds it took from start to exit. A failure
+    raises with the log's tail."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.run(
             list(cmd), stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
@@ -81,6 +85,7 @@ def run(cmd: Sequence[str], log: Path, env: dict[str, str] | None = None) -> Non
     if proc.returncode != 0:
         tail = log.read_text()[-3000:]
         raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {proc.returncode}:\n{tail}")
+    return time.perf_counter() - started
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,21 +150,33 @@ def binarize(fsq_python: str, text: Path, out: Path, log: Path) -> None:
 # 1. side by side
 
 
-def paperscale_figures(run_dir: Path, mid: int, last: int) -> dict[str, float]:
+def paperscale_figures(run_dir: Path, mid: int, last: int, job_s: float) -> dict[str, float]:
+    """Losses at `mid` and `last`; target tokens/s by our meter (median of the log windows
+    after the first two) and over the whole job: every real target token trained on (the log
+    windows' tokens per step x their steps) over the seconds from launch to exit."""
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     by_step = {r["step"]: r for r in records if "ppl" in r}
     valid = [r for r in records if "valid_ppl" in r and r["step"] == last]
     rates = [r["tgt_tokens_per_s"] for r in records if "tgt_tokens_per_s" in r][2:]
+    steps = sorted(by_step)
+    tokens = sum(
+        by_step[s]["tgt_tokens_per_step"] * (s - prev)
+        for prev, s in zip([0, *steps], steps, strict=False)
+    )
     return {
         "train_nll_mid": math.log(by_step[mid]["ppl"]),
         "train_nll_last": math.log(by_step[last]["ppl"]),
         "valid_nll": math.log(valid[-1]["valid_ppl"]),
         "tgt_tokens_per_s": statistics.median(rates),
+        "tgt_tokens_per_step": tokens / last,
+        "job_tgt_tokens_per_s": tokens / job_s,
     }
 
 
-def fairseq_figures(log: Path, mid: int, last: int) -> dict[str, float]:
-    """From fairseq's json log lines: nll in bits -> nats; wps = target tokens/s."""
+def fairseq_figures(log: Path, mid: int, last: int, job_s: float) -> dict[str, float]:
+    """From fairseq's json log lines: nll in bits -> nats; wps = target tokens/s (the median
+    of its log windows after the first); wpb = target tokens per update, x the window's
+    updates summed for the job's target tokens."""
     train: dict[int, dict[str, Any]] = {}
     valid: dict[int, dict[str, Any]] = {}
     for line in log.read_text().splitlines():
@@ -172,12 +189,18 @@ def fairseq_figures(log: Path, mid: int, last: int) -> dict[str, float]:
             d = json.loads(line[line.index("{") :])
             valid[int(d["valid_num_updates"])] = d
     rates = [float(d["wps"]) for _, d in sorted(train.items())][1:]
+    updates = sorted(train)
+    tokens = sum(
+        float(train[u]["wpb"]) * (u - prev) for prev, u in zip([0, *updates], updates, strict=False)
+    )
     ln2 = math.log(2)
     return {
         "train_nll_mid": float(train[mid]["nll_loss"]) * ln2,
         "train_nll_last": float(train[last]["nll_loss"]) * ln2,
         "valid_nll": float(valid[last]["valid_nll_loss"]) * ln2,
         "tgt_tokens_per_s": statistics.median(rates),
+        "tgt_tokens_per_step": tokens / last,
+        "job_tgt_tokens_per_s": tokens / job_s,
     }
 
 
@@ -192,7 +215,7 @@ def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row
     log_every = math.gcd(LOG_EVERY, mid)
     ps_run = work / "paperscale"
     shutil.rmtree(ps_run, ignore_errors=True)  # a new run, not a resumed one
-    run(
+    ps_s = run(
         [
             sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc",
             str(WORLD), "--run-dir", str(ps_run), *overrides, f"train.max_steps={steps}",
@@ -202,13 +225,13 @@ def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row
         ],
         work / "paperscale.log", {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"},
     )  # fmt: skip
-    sides = {"paperscale": paperscale_figures(ps_run, mid, steps)}
+    sides = {"paperscale": paperscale_figures(ps_run, mid, steps, ps_s)}
     if args.fairseq_python:
         text, binary = work / "fairseq-text", work / "fairseq-bin"
         export_for_fairseq(data, text, job.data.max_len)
         binarize(args.fairseq_python, text, binary, work / "fairseq-preprocess.log")
         model_cfg = model_config(job, data)
-        run(
+        fs_s = run(
             [
                 args.fairseq_python, "-m", "fairseq_cli.train", str(binary),
                 *fairseq_recipe(job, model_cfg), "--update-freq",
@@ -219,10 +242,11 @@ def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row
             ],
             work / "fairseq.log", {"OMP_NUM_THREADS": str(WORLD)},
         )  # fmt: skip
-        sides["fairseq"] = fairseq_figures(work / "fairseq.log", mid, steps)
+        sides["fairseq"] = fairseq_figures(work / "fairseq.log", mid, steps, fs_s)
     rows = []
     units = {"train_nll_mid": "nats/token", "train_nll_last": "nats/token",
-             "valid_nll": "nats/token", "tgt_tokens_per_s": "tokens/s"}  # fmt: skip
+             "valid_nll": "nats/token", "tgt_tokens_per_s": "tokens/s",
+             "tgt_tokens_per_step": "tokens", "job_tgt_tokens_per_s": "tokens/s"}  # fmt: skip
     for side, figures in sides.items():
         for key, value in figures.items():
             step = mid if key == "train_nll_mid" else steps
@@ -233,6 +257,9 @@ def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row
                         "nats/token", corpus=name, step=steps))  # fmt: skip
         rows.append(row("tgt_tokens_per_s_ratio", ps["tgt_tokens_per_s"] / fs["tgt_tokens_per_s"],
                         "x fairseq", corpus=name))  # fmt: skip
+        rows.append(row("job_tgt_tokens_per_s_ratio",
+                        ps["job_tgt_tokens_per_s"] / fs["job_tgt_tokens_per_s"], "x fairseq",
+                        corpus=name))  # fmt: skip
     return rows
 
 

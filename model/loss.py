@@ -100,6 +100,11 @@ def chunked_label_smoothed_loss(
     h (B, T, D) decoder states, weight (V, D) the output projection (the shared embedding),
     target (B, T). Same sums, in float32, and the same gradients for `h` and `weight`.
     """
+    if torch.compiler.is_compiling():
+        # The chunk loop would be unrolled for this batch's row count B*T, so that every new
+        # B*T compiled another graph. The compiler fuses the plain loss instead (it holds the
+        # logits in the compute dtype for backward, not the fp32 copy).
+        return label_smoothed_loss(F.linear(h, weight), target, epsilon, pad_id)
     b, t, d = h.shape
     return _ProjectedLabelSmoothedLoss.apply(
         h.reshape(b * t, d), weight, target.reshape(b * t), epsilon, pad_id

@@ -85,7 +85,8 @@ def build_engine(
     )
     if job.train.compile:
         # nn.Module.compile in place: parameter names, and so checkpoints, stay the same.
-        # Shapes vary from batch to batch; torch.compile marks them dynamic after the first
-        # recompilation instead of compiling one graph per shape.
-        engine.compile(compile_kwargs={"mode": job.train.compile_mode})
+        # Shapes vary from batch to batch: dynamic from the start, one graph for training and
+        # one for evaluation (static first, torch.compile would compile the first shape, then
+        # again with the length dynamic, then with the batch size dynamic too).
+        engine.compile(compile_kwargs={"mode": job.train.compile_mode, "dynamic": True})
     return engine

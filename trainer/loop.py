@@ -244,6 +244,7 @@ class Trainer:
         reduced = torch.cat([self.window, extra])
         torch.distributed.all_reduce(reduced)
         loss_sum, nll_sum, tgt, src, flops, skip_long, skip_corrupt = reduced.tolist()
+        steps = self.window_steps
         self.window.zero_()
         self.window_flops, self.window_steps = 0.0, 0
         self.state.tokens_seen += int(src + tgt)
@@ -257,6 +258,8 @@ class Trainer:
                 "src_tokens_per_s": src / seconds,
                 "tgt_tokens_per_s": tgt / seconds,
                 "tokens_per_s": (src + tgt) / seconds,
+                "tgt_tokens_per_step": tgt / steps,  # real (unpadded) target tokens, all ranks
+                "tokens_seen": self.state.tokens_seen,
             }
         )
         if self.peak:

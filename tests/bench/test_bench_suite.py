@@ -105,7 +105,8 @@ def _peer_paperscale_side(outcome: suite.Outcome) -> None:
     """Without fairseq (CI has none) paperscale's halves: its training and validation figures,
     and the three-way initialisation part with its two paperscale-side rows."""
     sides = {(r["figure"], r.get("side")) for r in outcome.rows}
-    for figure in ("train_nll_mid", "train_nll_last", "valid_nll", "tgt_tokens_per_s"):
+    for figure in ("train_nll_mid", "train_nll_last", "valid_nll", "tgt_tokens_per_s",
+                   "tgt_tokens_per_step", "job_tgt_tokens_per_s"):  # fmt: skip
         assert (figure, "paperscale") in sides
     inits = {r["init"]: r["value"] for r in outcome.rows if r["figure"] == "train_nll_last_steps"}
     assert {"paperscale", "previous xavier"} <= set(inits)

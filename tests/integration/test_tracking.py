@@ -8,6 +8,7 @@ import json
 import os
 import struct
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ LOGGED = {
     "mem_rss_gb",
     "samples_skipped_long",
     "samples_skipped_corrupt",
+    "tgt_tokens_per_step",
+    "tokens_seen",
 }
 
 
@@ -148,6 +151,13 @@ def test_sinks_agree_resume_continues_and_no_secret_is_written(
         records[-1]["src_tokens_per_s"] + records[-1]["tgt_tokens_per_s"]
     )
     assert "valid_loss" in records[-1] and "bleu" in records[-1]
+    # logged every step here: the tokens seen grow by each step's source and target tokens
+    seen = [r["tokens_seen"] for r in records]
+    assert all(b > a for a, b in pairwise(seen))
+    assert all(
+        0 < r["tgt_tokens_per_step"] < b - a
+        for r, (a, b) in zip(records[1:], pairwise(seen), strict=True)
+    )
 
     # TensorBoard and wandb hold the same numbers as metrics.jsonl.
     loss = {r["step"]: r["loss"] for r in records}

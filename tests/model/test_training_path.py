@@ -92,3 +92,43 @@ def test_training_forward_and_loss_compile_as_one_graph() -> None:
     compiled_loss.backward()
     assert torch.allclose(eager_loss, compiled_loss, rtol=1e-5)
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def shaped_batch(
+    rows: int, src_len: int, tgt_len: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A right-padded (rows, src_len) / (rows, tgt_len) batch: the longest pair fills it."""
+    src = padded_batch([src_len] + [max(2, src_len - 2)] * (rows - 1), vocab=40, seed=seed)
+    body = padded_batch([tgt_len] + [max(2, tgt_len - 1)] * (rows - 1), vocab=40, seed=seed + 1)
+    tgt_in = torch.cat([torch.full((rows, 1), BOS_ID), body[:, :-1]], dim=1)  # (B, T)
+    tgt_in = tgt_in.masked_fill(tgt_in.eq(EOS_ID), PAD_ID)
+    return src, tgt_in, body
+
+
+@pytest.mark.timeout(600)
+def test_compiled_training_step_is_one_graph_for_every_batch_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The trainer compiles with dynamic shapes (trainer/engine.py): batches of other sizes
+    and lengths -- and so other row counts B*T, which the chunked loss loops over -- reuse
+    the first graph. A recompilation raises here."""
+    import torch._dynamo
+
+    model = build(seed=5).train()
+
+    def step(src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
+        loss, _, _ = model(src, tgt_in, tgt_out, 0.1, src_padded=True)
+        return loss
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="aot_eager")
+    shapes = [(3, 7, 6), (5, 9, 4), (2, 4, 11), (8, 6, 7)]  # (B, S, T)
+    for i, shape in enumerate(shapes):
+        src, tgt_in, tgt_out = shaped_batch(*shape, seed=10 + i)
+        compiled_loss = compiled(src, tgt_in, tgt_out)
+        torch.manual_seed(0)
+        assert torch.allclose(compiled_loss, step(src, tgt_in, tgt_out), rtol=1e-5)
+        compiled_loss.backward()
+        if i == 0:  # from now on a recompilation is an error
+            monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    torch._dynamo.reset()
