@@ -124,6 +124,7 @@ class LoggingConfig:
     wandb: str = "offline"  # online | offline | disabled
     wandb_project: str = "paperscale"
     tensorboard: bool = True  # scalars into RUN/tb
+    report: bool = True  # RUN/report.png when a run finishes (`paperscale report RUN` any time)
 
     def problems(self) -> list[tuple[str, str]]:
         if self.wandb not in ("online", "offline", "disabled"):

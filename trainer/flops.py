@@ -26,11 +26,13 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from model.config import ModelConfig
 from model.params import count_parameters
+
+if TYPE_CHECKING:  # torch is imported where it is used: `paperscale plan` runs without it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ def flops_per_token(cfg: ModelConfig, src_len: int, tgt_len: int) -> float:
 
 def gpu_peak_flops(device_name: str, dtype: torch.dtype) -> float | None:
     """The table's peak for a CUDA device name, or None for a device not in the table."""
+    import torch
+
     spec = gpu_spec(device_name)
     if spec is None:
         return None
@@ -136,6 +140,8 @@ def measured_cpu_peak_flops(
     least one). Run it on every rank at the same time, so that each measures its share of the
     cores it trains on; cached per process.
     """
+    import torch
+
     best = 0.0
     for m, k, n in shapes:
         a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
@@ -157,6 +163,8 @@ def peak_flops(
 ) -> float | None:
     """Peak FLOP/s of one rank: the table for CUDA (None for a GPU not in it), a measured
     matmul at the model's largest shapes on CPU (`rows` tokens per micro-batch and side)."""
+    import torch
+
     if device.type == "cuda":
         return gpu_peak_flops(torch.cuda.get_device_name(device), dtype)
     return measured_cpu_peak_flops(dtype, tuple(largest_matmuls(cfg, rows)))

@@ -349,7 +349,8 @@ class Trainer:
             export_checkpoint(source, self.run.model, tokenizer_path(self.data_dir))
         torch.distributed.barrier()
         self.logger.close()
-        if env.is_main and not self.stopping:  # a stop is short of time: `paperscale report`
+        # a stop is short of time: `paperscale report RUN` draws it later
+        if env.is_main and not self.stopping and self.job.logging.report:
             try:
                 write_report(self.run.root)
             except Exception as exc:  # the report is a convenience; the run itself succeeded

@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import torch
-
 PRECISIONS = ("bf16", "fp16", "fp32")
 CPU_BF16_ENV = "PAPERSCALE_CPU_BF16"
 CUDA_BF16_CAPABILITY = (8, 0)  # Ampere and newer compute bf16 in their tensor cores
@@ -89,6 +87,8 @@ def forced_cpu_bf16(environ: Mapping[str, str] | None = None) -> bool | None:
 
 def cpu_has_native_bf16(capabilities: Mapping[str, object] | None = None) -> bool:
     """Whether the CPU's instruction set computes bf16 (cpuinfo as torch reports it)."""
+    import torch
+
     caps = torch.cpu.get_capabilities() if capabilities is None else capabilities
     if caps.get("avx512_bf16") or caps.get("amx_bf16"):
         return True
@@ -116,6 +116,8 @@ def bf16_slowdown(d_model: int, d_ff: int, rows: int = PROBE_ROWS, budget_s: flo
     Each side is warmed up once and timed as the best of a few calls; the bf16 side stops after
     one timed call when it is slow (emulated bf16 takes ~1 s for the big model's shape).
     """
+    import torch
+
     k, n = min(d_model, 1024), min(d_ff, 4096)  # cap the probe's cost for huge models
     a = torch.randn(rows, k)
     b = torch.randn(k, n)
@@ -159,6 +161,8 @@ def machine_choice(
     cpu_verdict: Callable[..., CpuBf16Verdict] = cpu_bf16_verdict,
 ) -> PrecisionChoice:
     """What `auto` means on this machine, ignoring any checkpoint."""
+    import torch
+
     if device_type == "cuda":
         if cuda_capability is None:
             cuda_capability = torch.cuda.get_device_capability()

@@ -112,4 +112,5 @@ TINY_MODEL = [
     "optim.lr=0.003",
     "optim.warmup_steps=4",
     "logging.wandb=offline",
+    "logging.report=false",  # report.png: tests/integration/test_tracking.py
 ]

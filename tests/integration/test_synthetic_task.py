@@ -45,6 +45,7 @@ TRAIN = [
     "train.keep_last=1",
     "logging.wandb=disabled",
     "logging.tensorboard=false",
+    "logging.report=false",
 ]
 
 

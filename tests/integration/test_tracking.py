@@ -63,6 +63,7 @@ def train_args(run_dir: Path, data: Path, max_steps: int, nproc: int = 2) -> lis
         str(run_dir),
         f"data.dir={data}",
         *TINY_MODEL,
+        "logging.report=true",
         "train.grad_accum=1",
         "train.log_every=1",
         "train.eval_every=0",

@@ -32,6 +32,7 @@ JOB_ARGS = [
     "train.save_every=12",
     "train.bleu_samples=8",
     "logging.tensorboard=false",
+    "logging.report=false",
 ]
 
 
@@ -212,7 +213,7 @@ def test_time_limit_warning_saves_and_requeues(
         "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", str(profile),
         "--run-dir", str(run_dir), f"data.dir={synthetic_data}", *TINY_MODEL,
         "train.max_steps=1000000", "train.log_every=50", "train.eval_every=0",
-        "logging.wandb=disabled", "logging.tensorboard=false",
+        "logging.wandb=disabled", "logging.tensorboard=false", "logging.report=false",
         cwd=tmp_path,
     )  # fmt: skip
     job_id = submitted_job(proc)

@@ -47,7 +47,7 @@ def test_two_node_job_trains_across_namespaces(
         "--run-dir", str(run_dir), f"data.dir={synthetic_data}", *TINY_MODEL,
         f"train.max_steps={STEPS}", "train.log_every=1", "train.eval_every=0",
         "train.save_every=0", "train.bleu_samples=4", "logging.wandb=disabled",
-        "logging.tensorboard=false",
+        "logging.tensorboard=false", "logging.report=false",
         cwd=tmp_path,
     )  # fmt: skip
     job_id = submitted_job(proc)
