@@ -135,6 +135,7 @@ def fairseq_recipe(job: Any, model_cfg: ModelConfig) -> list[str]:
 
 
 def binarize(fsq_python: str, text: Path, out: Path, log: Path) -> None:
+    shutil.rmtree(out, ignore_errors=True)  # fairseq-preprocess refuses an existing dictionary
     run(
         [
             fsq_python, "-m", "fairseq_cli.preprocess", "--source-lang", "src",
