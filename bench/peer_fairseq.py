@@ -151,6 +151,13 @@ def binarize(fsq_python: str, text: Path, out: Path, log: Path) -> None:
 # 1. side by side
 
 
+def window_total(per_step: dict[int, float]) -> float:
+    """The sum over a run's steps of a per-step average logged at the end of each window
+    ({last step of the window: average}; the first window starts at step 1)."""
+    ends = sorted(per_step)
+    return sum(per_step[e] * (e - start) for start, e in zip([0, *ends], ends, strict=False))
+
+
 def paperscale_figures(run_dir: Path, mid: int, last: int, job_s: float) -> dict[str, float]:
     """Losses at `mid` and `last`; target tokens/s by our meter (median of the log windows
     after the first two) and over the whole job: every real target token trained on (the log
@@ -159,11 +166,7 @@ def paperscale_figures(run_dir: Path, mid: int, last: int, job_s: float) -> dict
     by_step = {r["step"]: r for r in records if "ppl" in r}
     valid = [r for r in records if "valid_ppl" in r and r["step"] == last]
     rates = [r["tgt_tokens_per_s"] for r in records if "tgt_tokens_per_s" in r][2:]
-    steps = sorted(by_step)
-    tokens = sum(
-        by_step[s]["tgt_tokens_per_step"] * (s - prev)
-        for prev, s in zip([0, *steps], steps, strict=False)
-    )
+    tokens = window_total({s: r["tgt_tokens_per_step"] for s, r in by_step.items()})
     return {
         "train_nll_mid": math.log(by_step[mid]["ppl"]),
         "train_nll_last": math.log(by_step[last]["ppl"]),
@@ -190,10 +193,7 @@ def fairseq_figures(log: Path, mid: int, last: int, job_s: float) -> dict[str, f
             d = json.loads(line[line.index("{") :])
             valid[int(d["valid_num_updates"])] = d
     rates = [float(d["wps"]) for _, d in sorted(train.items())][1:]
-    updates = sorted(train)
-    tokens = sum(
-        float(train[u]["wpb"]) * (u - prev) for prev, u in zip([0, *updates], updates, strict=False)
-    )
+    tokens = window_total({u: float(d["wpb"]) for u, d in train.items()})
     ln2 = math.log(2)
     return {
         "train_nll_mid": float(train[mid]["nll_loss"]) * ln2,
