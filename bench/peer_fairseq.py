@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.peer_fairseq --fairseq-python .venv-fairseq/bin/python \\
         --corpus corpus/debian-ende [--corpus DIR ...] --work /tmp/bench-peer \\
         [--config configs/tiny.yaml] [--steps 400] [--lockstep-steps 20] [--init-steps 150] \\
-        [--smoke] [--json PATH]
+        [--no-controlled] [--smoke] [--json PATH]
 
 fairseq lives in its own venv (it pins omegaconf < 2.1 and hydra 1.0): `make fairseq-venv`
 builds `.venv-fairseq` with the same torch and fairseq-fixed 0.12.3.1 from PyPI. Without
@@ -30,7 +30,8 @@ builds `.venv-fairseq` with the same torch and fairseq-fixed 0.12.3.1 from PyPI.
    (drawn by fairseq, mapped) and the per-(D, D) xavier init paperscale used before: training
    nll over the last 10 of --init-steps steps of the bare loop.
 
-`--smoke`: a synthetic corpus, the smoke model, a few steps of each part (seconds).
+Parts 2 and 3 run on the first corpus; `--no-controlled` leaves them out (part 1 alone, ~33 min
+per corpus on 2 cores). `--smoke`: a synthetic corpus, the smoke model, a few steps of each part (seconds).
 """
 
 from __future__ import annotations
@@ -446,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--lockstep-steps", type=int, default=20)
     p.add_argument("--init-steps", type=int, default=150)
+    p.add_argument("--no-controlled", action="store_true", help="side by side only (part 1)")
     add_output_arguments(p, "a synthetic corpus, the smoke model, a few steps of each part")
     args = p.parse_args(argv)
     if args.fairseq_python and not Path(args.fairseq_python).is_file():
@@ -462,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, corpus in enumerate(args.corpus):
         work = args.work / f"{i}-{corpus.name}"
         rows += side_by_side(args, corpus, work)
-        if i == 0:
+        if i == 0 and not args.no_controlled:
             rows += controlled(args, corpus, work)
     print_table(rows)
     write_rows(args.json, rows)
