@@ -1,4 +1,5 @@
-"""Checkpoint size and save / load time of a preset (default: the paper's base model).
+"""Checkpoint size and save / load time of a preset (default: the paper's base model), against
+`paperscale plan`'s estimate of both (launch/plan_save.py).
 
 Run under torchrun so every rank writes its ZeRO partition, e.g.
 
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
 from launch.config import load_config
+from launch.plan_save import save_plan
 from model.config import ModelConfig
 from model.loss import label_smoothed_loss
 from trainer.checkpointer import CheckpointManager
@@ -92,6 +94,13 @@ def main() -> None:
               f"({size / params:.1f} bytes per parameter)")  # fmt: skip
         print(f"save              {saved:.1f} s ({size / 2**20 / saved:,.0f} MiB/s)")
         print(f"load              {loaded:.1f} s")
+        # what `paperscale plan` says of this save: one node holding every rank
+        plan = save_plan(params, job.train.zero_stage, env.world_size, env.world_size,
+                         job.train.precision)  # fmt: skip
+        print(f"plan's estimate   {plan.total_bytes / 2**20:,.0f} MiB, the node "
+              f"{plan.node_bytes / 2**20:,.0f} MiB, save ~{plan.seconds:.1f} s at "
+              f"{plan.write_gbs:g} GB/s assumed; measured save / estimate "
+              f"{saved / plan.seconds:.2f}")  # fmt: skip
         case = {
             "config": args.config,
             "parameters": params,
@@ -107,6 +116,9 @@ def main() -> None:
                 row("save", saved, "s", **case),
                 row("save rate", size / 2**20 / saved, "MiB/s", **case),
                 row("load", loaded, "s", **case),
+                row("plan checkpoint size", plan.total_bytes / 2**20, "MiB", **case),
+                row("plan save estimate", plan.seconds, "s", write_gbs=plan.write_gbs, **case),
+                row("measured save / plan estimate", saved / plan.seconds, "x", **case),
             ],
         )
     dist.barrier()

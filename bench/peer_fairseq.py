@@ -31,7 +31,8 @@ builds `.venv-fairseq` with the same torch and fairseq-fixed 0.12.3.1 from PyPI.
    nll over the last 10 of --init-steps steps of the bare loop.
 
 Parts 2 and 3 run on the first corpus; `--no-controlled` leaves them out (part 1 alone, ~33 min
-per corpus on 2 cores). `--smoke`: a synthetic corpus, the smoke model, a few steps of each part (seconds).
+per corpus on 2 cores). `--smoke`: a synthetic corpus, the smoke model, a few steps of each
+part (seconds).
 """
 
 from __future__ import annotations

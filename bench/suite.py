@@ -85,6 +85,13 @@ def _needs_fairseq() -> str | None:
     return None
 
 
+def _needs_demo_data() -> str | None:
+    """Why the preemption bench cannot run at full size here, or None."""
+    if (ROOT / DEMO_DATA / "manifest.json").is_file():
+        return None
+    return f"{DEMO_DATA} is missing (`make demo` prepares it)"
+
+
 def _needs_demo_run() -> str | None:
     """Why the serving engines bench cannot run at full size here, or None."""
     if (ROOT / DEMO_RUN / "model" / "model.json").is_file() and (
@@ -200,12 +207,44 @@ REGISTRY: tuple[Bench, ...] = (
     ),
     Bench(
         "checkpoint",
-        "Checkpoint size and save / load seconds of the base model on 2 CPU ranks.",
+        "Checkpoint size and save / load seconds of the base model on 2 CPU ranks, against "
+        "`paperscale plan`'s estimate.",
         (*TORCHRUN, "bench/checkpoint.py", "--config", "configs/base.yaml", "--json", "{json}"),
         (*TORCHRUN, "bench/checkpoint.py", "--smoke", "--json", "{json}"),
         CPU_RANKS,
         timeout_s=1800,
         smoke_timeout_s=300,
+    ),
+    Bench(
+        "checkpoint_big",
+        "Checkpoint size and save / load seconds of the big model on 2 CPU ranks, against "
+        "`paperscale plan`'s estimate.",
+        (*TORCHRUN, "bench/checkpoint.py", "--config", "configs/big.yaml", "--json", "{json}"),
+        (*TORCHRUN, "bench/checkpoint.py", "--smoke", "train.zero_stage=1", "--json", "{json}"),
+        CPU_RANKS,
+        timeout_s=1800,
+        smoke_timeout_s=300,
+    ),
+    Bench(
+        "loss_memory",
+        "Peak memory of the output projection and loss, forward and backward, at the base "
+        "preset: logits materialised against the chunked loss.",
+        ("{python}", "-m", "bench.loss_memory", "--json", "{json}"),  # base.yaml by default
+        ("{python}", "-m", "bench.loss_memory", "--smoke", "--json", "{json}"),
+        ONE_THREAD,
+        timeout_s=900,
+        smoke_timeout_s=300,
+    ),
+    Bench(
+        "preemption",
+        "Seconds from SIGTERM to every process of a 2-rank run to its checkpoint and exit 75, "
+        "tiny and base presets.",
+        ("{python}", "-m", "bench.preemption", "--work", "{work}", "--json", "{json}"),
+        ("{python}", "-m", "bench.preemption", "--smoke", "--work", "{work}", "--json", "{json}"),
+        CPU_RANKS,
+        timeout_s=1800,
+        smoke_timeout_s=300,
+        needs=_needs_demo_data,
     ),
     Bench(
         "resume_drift",

@@ -113,7 +113,41 @@ def _peer_paperscale_side(outcome: suite.Outcome) -> None:
     assert all(0 < v < 10 for v in inits.values())
 
 
+def _checkpoint_as_planned(outcome: suite.Outcome) -> None:
+    """The saved bytes are what `paperscale plan` counts (within 25 %: at smoke size the
+    per-rank files of RNG and position state weigh as much as a tenth of the tensors), and the
+    estimate is a positive number of seconds next to the measured save."""
+    by_figure = {r["figure"]: r for r in outcome.rows}
+    measured = by_figure["checkpoint size"]["value"]
+    planned = by_figure["plan checkpoint size"]["value"]
+    assert abs(measured / planned - 1) <= 0.25, (measured, planned)
+    assert by_figure["plan save estimate"]["value"] > 0 and by_figure["save"]["value"] > 0
+
+
+def _preemption_within_grace(outcome: suite.Outcome) -> None:
+    """TERM to the whole process group: exit 75, a checkpoint written after the signal and the
+    exit inside Slurm's default 30 s."""
+    by_figure = {r["figure"]: r for r in outcome.rows}
+    exit_row = by_figure["TERM to exit"]
+    assert exit_row["exit_status"] == 75
+    assert 0 < by_figure["TERM to latest checkpoint"]["value"] <= exit_row["value"] < 30
+    assert exit_row["step"] >= 3 and by_figure["signal checkpoint size"]["value"] > 0
+
+
+def _chunked_loss_holds_less(outcome: suite.Outcome) -> None:
+    """In every dtype measured the chunked loss peaks lower than the plain one."""
+    cases = {(r["figure"], r["dtype"]): r["value"] for r in outcome.rows}
+    assert ("peak, plain loss", "fp32") in cases
+    for (figure, dtype), value in cases.items():
+        if figure == "peak, chunked loss":
+            assert 0 < value < cases[("peak, plain loss", dtype)], (dtype, value)
+
+
 CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
+    "loss_memory": _chunked_loss_holds_less,
+    "checkpoint": _checkpoint_as_planned,
+    "checkpoint_big": _checkpoint_as_planned,
+    "preemption": _preemption_within_grace,
     "peer_fairseq": _peer_paperscale_side,
     "gpu": _gpu_four_configurations,
     "zero_memory": _zero_memory_within_plan,
