@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -35,8 +36,6 @@ VARIANTS = ("plain", "chunked")
 
 def resident_bytes() -> int:
     """The resident set of this process now (/proc/self/statm, pages)."""
-    import os
-
     pages = int(Path("/proc/self/statm").read_text().split()[1])
     return pages * os.sysconf("SC_PAGE_SIZE")
 

@@ -20,7 +20,6 @@ status (75 expected), the step saved, and the checkpoint's size; against the gra
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -35,34 +34,30 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows  # noqa: E402
 from bench.train_overhead import prepare_synthetic  # noqa: E402
+from data_pipeline.manifest import read_manifest  # noqa: E402
+from trainer.metrics import read_metrics  # noqa: E402
+from trainer.run_dir import RunDir, tag_for  # noqa: E402
 
 START_TIMEOUT_S = 900.0  # start-up plus --after steps of the base model on 2 CPU cores
 EXIT_TIMEOUT_S = 120.0  # past Slurm's 30 s the job would have been killed; this only bounds a hang
 
 
-def logged_steps(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    lines = [x for x in path.read_text().splitlines() if x.strip()]
-    return sum(1 for x in lines if json.loads(x).get("loss") is not None)
+def logged_steps(run: RunDir) -> int:
+    return sum(1 for r in read_metrics(run.metrics) if r.get("loss") is not None)
 
 
-def vocab(data: Path) -> int:
-    """The prepared data's vocabulary (a preset's own, e.g. base's 37,000, may differ)."""
-    return int(json.loads((data / "manifest.json").read_text())["vocab_size"])
-
-
-def latest_mtime(run_dir: Path) -> float | None:
-    path = run_dir / "checkpoints" / "latest"
+def latest_mtime(run: RunDir) -> float | None:
+    path = run.checkpoints.latest_file
     return path.stat().st_mtime if path.is_file() else None
 
 
 def preempt(name: str, config: str, data: Path, run_dir: Path, args: argparse.Namespace) -> dict:
     """One run TERMed after `args.after` logged steps; what happened, in seconds."""
+    run = RunDir(run_dir)
     cmd = [
         sys.executable, "-m", "launch.cli", "train", "--config", config, "--nproc", "2",
-        "--run-dir", str(run_dir), f"data.dir={data}", f"data.vocab_size={vocab(data)}",
+        "--run-dir", str(run_dir), f"data.dir={data}",
+        f"data.vocab_size={read_manifest(data)['vocab_size']}",  # a preset's own may differ
         "data.max_tokens=1536",
         "train.max_steps=100000", "train.log_every=1", "train.eval_every=0",
         "train.save_every=0", "train.bleu_every=0", "logging.wandb=disabled",
@@ -77,7 +72,7 @@ def preempt(name: str, config: str, data: Path, run_dir: Path, args: argparse.Na
     )
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while logged_steps(run_dir) < args.after:
+        while logged_steps(run) < args.after:
             if proc.poll() is not None:
                 raise SystemExit(f"{name}: train exited {proc.returncode} before step {args.after}")
             if time.monotonic() > deadline:
@@ -94,12 +89,12 @@ def preempt(name: str, config: str, data: Path, run_dir: Path, args: argparse.Na
         log.close()
     text = (run_dir.parent / f"{name}.log").read_text()
     stopped = re.search(r"stopped at step (\d+) after a signal", text)
-    saved_at = latest_mtime(run_dir)
+    saved_at = latest_mtime(run)
     if proc.returncode != 75 or stopped is None or saved_at is None:
         sys.stderr.write(text[-3000:])
         raise SystemExit(f"{name}: exit {proc.returncode} after TERM, no signal save")
     step = int(stopped[1])
-    tag_dir = run_dir / "checkpoints" / f"step_{step:08d}"
+    tag_dir = run.checkpoints.tag_dir(tag_for(step))
     size = sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file())
     return {
         "preset": name,
