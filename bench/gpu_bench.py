@@ -1,11 +1,17 @@
 """One configuration of bench/gpu.sh: tokens/s, MFU and peak memory of the training step.
 
     python bench/gpu_bench.py --config configs/big.yaml --tokens 25000 --out ROWS.jsonl \\
-        [--device cuda|cpu] [--steps 20] [--warmup 5] [key=value ...]
+        [--device cuda|cpu] [--steps 20] [--warmup 5] [--lengths fixed|wmt14] [key=value ...]
 
 The trainer's own pieces (trainer.engine.build_engine, train_step, trainer.flops) on one rank,
-fed micro-batches of random tokens shaped like the paper's: sentences of --seq-len tokens
-(no padding) with --tokens per side per step. Attention runs through SDPA restricted to the
+fed micro-batches of random tokens with --tokens per side per step. `--lengths fixed` (the
+best case): every sentence --seq-len tokens, no padding, one batch shape. `--lengths wmt14`:
+sentence lengths drawn like WMT14 En-De's in BPE tokens (log-normal, median 24 tokens, a long
+tail clipped at data.max_len; the target's length is the source's times a log-normal ratio
+around 1.05), cut into batches by the loader's own batcher (data_pipeline.batching at the
+config's max_tokens, pad_multiple, batch_multiple and bucket_width, a shuffled window), so the
+steps carry padding and change shape as in training. Tokens/s counts real tokens only; the
+padding share is in the row. Attention runs through SDPA restricted to the
 fused kernels (flash; memory-efficient where a boolean mask is passed, as for the decoder's
 causal mask); on a CPU the math kernel is allowed too. `train.compile=true` as an override
 compiles the model. Appends one JSON row to --out; `--table ROWS.jsonl` prints the table, and
@@ -19,20 +25,17 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
 def matmul_peak(device: str, dtype_name: str = "bf16", size: int = 8192, reps: int = 10) -> float:
-    """Measured dense matmul FLOP/s on this device (the planner's --peak-tflops figure)."""
+    """Measured dense matmul FLOP/s on this GPU (the planner's --peak-tflops figure)."""
     import torch
 
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
-    if device == "cpu":
-        from trainer.flops import measured_cpu_peak_flops
-
-        return measured_cpu_peak_flops(dtype, ((512, 512, 512),))
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     for _ in range(3):
@@ -45,6 +48,58 @@ def matmul_peak(device: str, dtype_name: str = "bf16", size: int = 8192, reps: i
     return 2.0 * size**3 * reps / (time.perf_counter() - start)
 
 
+# WMT14 En-De sentence lengths in BPE tokens, as a log-normal: median and spread of the source
+# side, and of the target / source length ratio.
+WMT14_MEDIAN, WMT14_SIGMA = 24.0, 0.6
+RATIO_MEDIAN, RATIO_SIGMA = 1.05, 0.2
+
+
+def wmt14_steps(job: Any, vocab: int, tokens: int, n_steps: int, seed: int = 1) -> list[list]:
+    """`n_steps` steps of `job.train.grad_accum` micro-batches each, of random ids at lengths
+    drawn like WMT14's, cut by the loader's batcher with at most `tokens // grad_accum` padded
+    tokens per side per micro-batch."""
+    import numpy as np
+
+    from data_pipeline.batching import Sample, collate, plan_batches
+    from data_pipeline.tokenizer import EOS_ID
+
+    d = job.data
+    micro_tokens = max(d.max_len, tokens // job.train.grad_accum)
+    rng = np.random.default_rng(seed)
+    want = n_steps * job.train.grad_accum
+    samples: list[Sample] = []
+    groups: list[list[int]] = []
+    while len(groups) < want + 2:  # the window's last, part-filled batches are not taken
+        n = int(1.2 * (want + 2) * micro_tokens / WMT14_MEDIAN)
+        src_len = np.clip(np.rint(rng.lognormal(np.log(WMT14_MEDIAN), WMT14_SIGMA, n)), 1, None)
+        ratio = rng.lognormal(np.log(RATIO_MEDIAN), RATIO_SIGMA, n)
+        tgt_len = np.clip(np.rint(src_len * ratio), 1, None)
+        keep = np.maximum(src_len + 1, tgt_len + 1) <= d.max_len  # EOS / BOS added
+        samples = [
+            Sample(
+                f"s{i}",
+                np.append(rng.integers(4, vocab, int(s)), EOS_ID),  # (S,) ids + EOS
+                rng.integers(4, vocab, int(t)),  # (T - 1,)
+                "",
+                "",
+            )
+            for i, (s, t) in enumerate(zip(src_len[keep], tgt_len[keep], strict=True))
+        ]
+        groups = plan_batches(
+            samples,
+            max_tokens=micro_tokens,
+            pad_multiple=d.pad_multiple,
+            bucket_width=d.bucket_width,
+            rng=rng,
+            batch_multiple=d.batch_multiple,
+        )
+        full = 0.5 * micro_tokens  # leave out the few small batches the window's end leaves
+        groups = [g for g in groups if len(g) * max(samples[i].src_len for i in g) >= full]
+    micro = [collate([samples[i] for i in g], d.pad_multiple) for g in groups[:want]]
+    k = job.train.grad_accum
+    return [micro[i : i + k] for i in range(0, want, k)]
+
+
 def run(args: argparse.Namespace) -> dict:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -54,8 +109,8 @@ def run(args: argparse.Namespace) -> dict:
     from model.config import ModelConfig
     from trainer.dist import init_distributed
     from trainer.engine import PRECISION_DTYPES, build_engine, seed_everything
-    from trainer.flops import peak_flops, step_flops
-    from trainer.step import train_step
+    from trainer.flops import peak_flops
+    from trainer.step import batch_flops, train_step
 
     job = load_config(args.config, [f"train.device={args.device}", *args.overrides])
     env = init_distributed(args.device)
@@ -71,7 +126,10 @@ def run(args: argparse.Namespace) -> dict:
         n = rows_per_micro * args.seq_len
         return Batch(src, tgt[:, :-1], tgt[:, 1:], n_src_tokens=n, n_tgt_tokens=n)
 
-    batches = [micro() for _ in range(job.train.grad_accum)]
+    if args.lengths == "fixed":
+        steps = [[micro() for _ in range(job.train.grad_accum)]]
+    else:
+        steps = wmt14_steps(job, vocab, args.tokens, args.warmup + args.steps)
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
     if args.device == "cpu":
         backends.append(SDPBackend.MATH)
@@ -81,25 +139,34 @@ def run(args: argparse.Namespace) -> dict:
         if cuda:
             torch.cuda.synchronize()
 
+    def batches(i: int) -> list:
+        return steps[i % len(steps)]
+
     with sdpa_kernel(backends):
         start = time.perf_counter()
-        for _ in range(args.warmup):
-            sums = train_step(engine, batches, env, cfg.label_smoothing, [False]).sums
+        for i in range(args.warmup):
+            sums = train_step(engine, batches(i), env, cfg.label_smoothing, [False]).sums
         sync()
         warmup_s = time.perf_counter() - start
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        for _ in range(args.steps):
-            sums = train_step(engine, batches, env, cfg.label_smoothing, [False]).sums
+        for i in range(args.warmup, args.warmup + args.steps):
+            sums = train_step(engine, batches(i), env, cfg.label_smoothing, [False]).sums
         sync()
         seconds = (time.perf_counter() - start) / args.steps
     loss = float(sums[0] / sums[2])
-    tokens = 2 * rows_per_micro * args.seq_len * job.train.grad_accum  # both sides
-    flops = step_flops(cfg, tokens // 2, tokens // 2, args.seq_len, args.seq_len)
+    measured = [batches(i) for i in range(args.warmup, args.warmup + args.steps)]
+    real = sum(b.n_src_tokens + b.n_tgt_tokens for step in measured for b in step)
+    padded = sum(b.src.numel() + b.tgt_out.numel() for step in measured for b in step)
+    tokens = real // args.steps  # real tokens of both sides, per step
+    flops = sum(batch_flops(cfg, step) for step in measured) / args.steps
+    micro = measured[0][0]
     dtype = PRECISION_DTYPES[job.train.precision]
-    peak = peak_flops(env.device, dtype, cfg, rows_per_micro * args.seq_len) or float("nan")
-    measured_peak = matmul_peak(args.device, job.train.precision)
+    rows = int(micro.tgt_out.numel())  # (B * T) rows of the projections' matrix products
+    peak = peak_flops(env.device, dtype, cfg, rows) or float("nan")
+    # on a CPU the trainer's own peak is already a measured one, at the model's shapes
+    measured_peak = matmul_peak(args.device, job.train.precision) if cuda else peak
     if cuda:
         mem = torch.cuda.max_memory_allocated() / 2**30
     else:
@@ -109,6 +176,8 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "zero": job.train.zero_stage,
         "compile": bool(getattr(job.train, "compile", False)),
+        "lengths": args.lengths,
+        "padding": 1.0 - real / padded,
         "precision": job.train.precision,
         "params": sum(p.numel() for p in engine.module.parameters()),
         "tokens_per_step": tokens,
@@ -133,11 +202,13 @@ def format_table(rows: list[dict]) -> str:
         f"{head.get('tokens_per_step', 0):,} tokens per step (both sides), "
         f"table peak {head.get('peak_tflops', 0):.4g} TFLOP/s, "
         f"measured matmul {head.get('measured_peak_tflops', 0):.4g} TFLOP/s",
-        "zero  compile  step s   tokens/s   TFLOP/s   MFU    MFU(meas.)  peak GiB  warm-up s  loss",
+        "zero  compile  lengths  padding  step s   tokens/s   TFLOP/s   MFU    MFU(meas.)  "
+        "peak GiB  warm-up s  loss",
     ]
     for r in rows:
         lines.append(
-            f"{r['zero']:>4}  {'yes' if r['compile'] else 'no':>7}  {r['step_s']:6.3f}  "
+            f"{r['zero']:>4}  {'yes' if r['compile'] else 'no':>7}  {r['lengths']:>7}  "
+            f"{100 * r['padding']:6.1f}%  {r['step_s']:6.3f}  "
             f"{r['tokens_per_s']:9.0f}  {r['tflops']:8.1f}  {r['mfu']:5.3f}  "
             f"{r['mfu_measured_peak']:10.3f}  {r['peak_mem_gib']:8.2f}  {r['warmup_s']:9.1f}  "
             f"{r['loss']:.3f}"
@@ -150,9 +221,12 @@ def result_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         name = f"ZeRO {r['zero']}, compile {'yes' if r['compile'] else 'no'}"
+        if r["lengths"] != "fixed":
+            name += f", {r['lengths']} lengths"
         case = {
             "zero": r["zero"],
             "compile": r["compile"],
+            "lengths": r["lengths"],
             "precision": r["precision"],
             "device": r["device"],
             "params": r["params"],
@@ -166,6 +240,7 @@ def result_rows(rows: list[dict]) -> list[dict]:
              "unit": "fraction", **case},
             {"figure": f"{name}: peak memory", "value": r["peak_mem_gib"], "unit": "GiB", **case},
             {"figure": f"{name}: loss", "value": r["loss"], "unit": "loss", **case},
+            {"figure": f"{name}: padding", "value": 100 * r["padding"], "unit": "%", **case},
         ]  # fmt: skip
     return out
 
@@ -178,6 +253,12 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--lengths",
+        default="fixed",
+        choices=["fixed", "wmt14"],
+        help="fixed: --seq-len tokens, no padding; wmt14: WMT14-like lengths through the batcher",
+    )
     parser.add_argument("--out", help="append the row to this JSONL file")
     parser.add_argument("--table", help="print the table of this JSONL file and exit")
     parser.add_argument("--json", metavar="PATH", help="with --table: write the rows to PATH")

@@ -54,6 +54,22 @@ def adam_kernel(device: torch.device) -> dict[str, bool]:
     return {"fused": True} if device.type == "cuda" else {}
 
 
+def compile_for_varying_shapes() -> dict[str, Any]:
+    """torch.compile's arguments for batches whose size and lengths vary, after turning off
+    duck sizing in this process.
+
+    Dynamic from the start: one graph for training and one for evaluation (static first,
+    torch.compile would compile the first shape, then again with the length dynamic, then with
+    the batch size dynamic too). Duck sizing gives dimensions that are equal in the first batch
+    one symbol: a first batch whose source and target lengths are equal would give a graph
+    valid only for S == T and a recompilation at the first batch where they differ.
+    """
+    import torch.fx.experimental._config as fx_config
+
+    fx_config.use_duck_shape = False
+    return {"dynamic": True}
+
+
 def build_engine(
     job: Job, model_cfg: ModelConfig, env: DistEnv, load_universal: bool = False
 ) -> Any:
@@ -85,8 +101,6 @@ def build_engine(
     )
     if job.train.compile:
         # nn.Module.compile in place: parameter names, and so checkpoints, stay the same.
-        # Shapes vary from batch to batch: dynamic from the start, one graph for training and
-        # one for evaluation (static first, torch.compile would compile the first shape, then
-        # again with the length dynamic, then with the batch size dynamic too).
-        engine.compile(compile_kwargs={"mode": job.train.compile_mode, "dynamic": True})
+        kwargs = {"mode": job.train.compile_mode, **compile_for_varying_shapes()}
+        engine.compile(compile_kwargs=kwargs)
     return engine

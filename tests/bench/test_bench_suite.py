@@ -33,32 +33,40 @@ MACHINE = {
 # what a bench's smoke run must show besides "exit 0 and at least one finite figure"
 
 
-def _gpu_four_configurations(outcome: suite.Outcome) -> None:
-    """bench/gpu.sh --smoke: ZeRO 1 and 2, each with and without torch.compile, train on CPU
-    through the trainer's engine and step; the final table has one row per configuration with
-    finite figures, and so do the rows."""
+def _gpu_configurations(outcome: suite.Outcome) -> None:
+    """bench/gpu.sh --smoke: ZeRO 1 and 2, each with and without torch.compile, on unpadded
+    batches, and ZeRO 1 on WMT14-like lengths through the batcher, train on CPU through the
+    trainer's engine and step; the final table has one row per configuration with finite
+    figures (padding only in the WMT14-like row), and so do the rows."""
     log = Path(outcome.log).read_text()
     table = log.split("== bench/gpu.sh (smoke)")[-1]
-    assert "zero  compile" in table
-    rows = re.findall(r"^\s+([12])\s+(yes|no)\s+([\d.]+)\s+(\d+)\s", table, flags=re.M)
-    assert sorted((z, c) for z, c, _, _ in rows) == [
-        ("1", "no"),
-        ("1", "yes"),
-        ("2", "no"),
-        ("2", "yes"),
+    assert "zero  compile  lengths  padding" in table
+    rows = re.findall(
+        r"^\s+([12])\s+(yes|no)\s+(fixed|wmt14)\s+([\d.]+)%\s+([\d.]+)\s+(\d+)\s",
+        table,
+        flags=re.M,
+    )
+    assert sorted((z, c, n) for z, c, n, *_ in rows) == [
+        ("1", "no", "fixed"),
+        ("1", "no", "wmt14"),
+        ("1", "yes", "fixed"),
+        ("2", "no", "fixed"),
+        ("2", "yes", "fixed"),
     ]
-    for _, _, step_s, tokens_per_s in rows:
+    for _, _, lengths, padding, step_s, tokens_per_s in rows:
         assert float(step_s) > 0 and int(tokens_per_s) > 0
+        assert (float(padding) > 0) == (lengths == "wmt14")
     losses = [
         float(line.split()[-1]) for line in table.splitlines() if re.match(r"^\s+[12]\s", line)
     ]
-    assert all(0 < loss < 10 for loss in losses)  # about ln(64) + smoothing at the start
-    figures = {(r["zero"], r["compile"], r["unit"]): r["value"] for r in outcome.rows}
-    for zero in (1, 2):
-        for compiled in (False, True):
-            assert figures[(zero, compiled, "tokens/s")] > 0
-            assert figures[(zero, compiled, "s")] > 0
-            assert 0 < figures[(zero, compiled, "loss")] < 10
+    assert len(losses) == 5 and all(0 < loss < 10 for loss in losses)  # ~ln(64) at the start
+    figures = {(r["zero"], r["compile"], r["lengths"], r["unit"]): r["value"] for r in outcome.rows}
+    cases = [(1, False, "fixed"), (1, True, "fixed"), (2, False, "fixed"), (2, True, "fixed")]
+    for case in [*cases, (1, False, "wmt14")]:
+        assert figures[(*case, "tokens/s")] > 0
+        assert figures[(*case, "s")] > 0
+        assert 0 < figures[(*case, "loss")] < 10
+    assert figures[(1, False, "wmt14", "%")] > 0 == figures[(1, False, "fixed", "%")]
 
 
 def _zero_memory_within_plan(outcome: suite.Outcome) -> None:
@@ -149,7 +157,7 @@ CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
     "checkpoint_big": _checkpoint_as_planned,
     "preemption": _preemption_within_grace,
     "peer_fairseq": _peer_paperscale_side,
-    "gpu": _gpu_four_configurations,
+    "gpu": _gpu_configurations,
     "zero_memory": _zero_memory_within_plan,
     "decode": _decode_cache_same_work,
     "resume_drift": _resume_drift_per_rank_exact,

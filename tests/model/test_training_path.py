@@ -109,11 +109,17 @@ def shaped_batch(
 def test_compiled_training_step_is_one_graph_for_every_batch_shape(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The trainer compiles with dynamic shapes (trainer/engine.py): batches of other sizes
-    and lengths -- and so other row counts B*T, which the chunked loss loops over -- reuse
-    the first graph. A recompilation raises here."""
+    """The trainer compiles with dynamic shapes and without duck sizing (trainer/engine.py):
+    batches of other sizes and lengths -- and so other row counts B*T, which the chunked loss
+    loops over -- reuse the first graph, also when the first batch's source and target lengths
+    are equal. A recompilation raises here."""
     import torch._dynamo
+    import torch.fx.experimental._config as fx_config
 
+    from trainer.engine import compile_for_varying_shapes
+
+    monkeypatch.setattr(fx_config, "use_duck_shape", fx_config.use_duck_shape)  # restored after
+    kwargs = compile_for_varying_shapes()
     model = build(seed=5).train()
 
     def step(src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
@@ -121,8 +127,8 @@ def test_compiled_training_step_is_one_graph_for_every_batch_shape(
         return loss
 
     torch._dynamo.reset()
-    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="aot_eager")
-    shapes = [(3, 7, 6), (5, 9, 4), (2, 4, 11), (8, 6, 7)]  # (B, S, T)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager", **kwargs)
+    shapes = [(3, 7, 7), (5, 9, 4), (2, 4, 11), (8, 6, 6)]  # (B, S, T); S == T first
     for i, shape in enumerate(shapes):
         src, tgt_in, tgt_out = shaped_batch(*shape, seed=10 + i)
         compiled_loss = compiled(src, tgt_in, tgt_out)
