@@ -5,9 +5,7 @@ the CPU FusedAdam) into ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_exten
 a lock file. Several ranks starting at once wait on one build; a build that is killed leaves the
 lock behind and every later start waits on it forever. Building here, in one process with no
 deadline, takes that off the first training run: ``make venv`` runs ``python -m
-trainer.ds_ops``, and the Makefile keeps the extensions inside the virtual environment. Each op
-compiles in a process of its own, all at once: a build is one compiler process, so on 2 cores
-two builds take the time of the longer one.
+trainer.ds_ops``, and the Makefile keeps the extensions inside the virtual environment.
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 
 from trainer import use_venv_extensions_dir
 
@@ -40,30 +36,26 @@ def clear_stale_lock(name: str, lines: list[str]) -> None:
         lines.append(f"{name}: removed a stale build lock ({age / 60:.0f} min old)")
 
 
-def build_op(name: str) -> list[str]:
-    """Build (or find already built) op `name` if this accelerator uses it; lines to print."""
+def build_ops(names: tuple[str, ...] = OPS) -> list[str]:
+    """Build (or find already built) the ops this accelerator supports; returns lines to print."""
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 
-    lines: list[str] = []
-    builder = get_accelerator().create_op_builder(name)
-    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-        return [f"{name}: not used on this accelerator"]
-    clear_stale_lock(builder.NAME, lines)
-    start = time.perf_counter()
-    try:
-        builder.load(verbose=False)
-    except Exception as exc:  # e.g. no compiler for this accelerator: DeepSpeed tries again
-        lines.append(f"{builder.NAME}: not built ({type(exc).__name__}: {exc})".splitlines()[0])
-        return lines
-    lines.append(f"{builder.NAME}: ready ({time.perf_counter() - start:.1f} s)")
+    lines = []
+    for name in names:
+        builder = get_accelerator().create_op_builder(name)
+        if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+            lines.append(f"{name}: not used on this accelerator")
+            continue
+        clear_stale_lock(builder.NAME, lines)
+        start = time.perf_counter()
+        try:
+            builder.load(verbose=False)
+        except Exception as exc:  # e.g. no compiler for this accelerator: DeepSpeed tries again
+            lines.append(f"{builder.NAME}: not built ({type(exc).__name__}: {exc})".splitlines()[0])
+            continue
+        lines.append(f"{builder.NAME}: ready ({time.perf_counter() - start:.1f} s)")
     return lines
-
-
-def build_ops(names: tuple[str, ...] = OPS) -> list[str]:
-    """Build the ops `names`, each in a fresh process, concurrently; lines in `names` order."""
-    with ProcessPoolExecutor(max_workers=len(names), mp_context=get_context("spawn")) as pool:
-        return [line for lines in pool.map(build_op, names) for line in lines]
 
 
 def main() -> int:
