@@ -44,10 +44,16 @@ format: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The suite in two parts: everything but the `serial` tests on TEST_WORKERS pytest-xdist
+# workers (tests sharing a module or session fixture, and the Slurm ones, stay together on
+# one worker: their xdist_group marks), then the `serial` tests, which assert a time or a
+# speed, alone.
+TEST_WORKERS ?= 2
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest -q -ra --durations=15
+	$(VENV)/bin/pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
+	$(VENV)/bin/pytest -q -ra --durations=5 -m serial
 
 test-fast: venv
 	$(VENV)/bin/pytest -q -m "not slow"

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from tests.integration.conftest import TINY_MODEL, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.serial]
 
 FORCED = {"1": "PAPERSCALE_CPU_BF16=1 forces native bf16", "0": "PAPERSCALE_CPU_BF16=0 forces"}
 PICKS = {"1": "bf16", "0": "fp32"}

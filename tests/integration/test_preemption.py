@@ -19,7 +19,7 @@ import pytest
 from tests.integration.conftest import TINY_MODEL, cli_env, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.serial]
 STEPS = 10
 GRACE_S = 30.0  # Slurm's default KillWait
 

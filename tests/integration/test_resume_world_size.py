@@ -11,7 +11,11 @@ import pytest
 from tests.integration.conftest import TINY_MODEL, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.xdist_group("resume-world-size"),  # one run shared by the module: one worker
+]
 
 
 @pytest.fixture(scope="module")

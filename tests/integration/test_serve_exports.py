@@ -33,6 +33,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(900),
     pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
+    pytest.mark.xdist_group("serve-exports"),  # one trained model for the module: one worker
 ]
 
 N_SENTENCES = 50

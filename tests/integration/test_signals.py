@@ -14,7 +14,7 @@ import pytest
 from tests.integration.conftest import TINY_MODEL, cli_env, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.serial]
 
 
 def logged_steps(run_dir: Path) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from trainer.engine import build_engine
 from trainer.run_dir import RunDir
 from trainer.state import RngState, TrainState
 
+pytestmark = pytest.mark.xdist_group("checkpointer")  # a module-scoped process group: one worker
+
 TINY = [
     "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.encoder_layers=1",
     "model.decoder_layers=1", "model.vocab_size=32", "train.zero_stage=2",
@@ -36,7 +39,10 @@ def env() -> Iterator[DistEnv]:
     saved = dict(os.environ)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29631"})
+    with socket.socket() as sock:  # a free port: another worker may hold a group too
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

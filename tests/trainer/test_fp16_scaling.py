@@ -17,6 +17,8 @@ import torch.distributed as dist
 from trainer.config import OptimConfig, TrainConfig
 from trainer.ds_config import build_ds_config
 
+pytestmark = pytest.mark.xdist_group("fp16-scaling")  # a module-scoped process group: one worker
+
 
 @pytest.fixture(scope="module")
 def process_group() -> Iterator[None]:

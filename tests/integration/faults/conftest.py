@@ -74,6 +74,15 @@ def torchrun_with_restarts(
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fault tests share one reference run (a session fixture): under pytest-xdist they
+    run on one worker, one after another, so that it is trained once."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("faults"))
+
+
 @pytest.fixture(scope="session")
 def reference_run(synthetic_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An uninterrupted run, with wandb (offline) and TensorBoard on and secrets in its

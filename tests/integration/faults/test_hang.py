@@ -19,7 +19,7 @@ import pytest
 
 from tests.integration.faults.conftest import CONFIG, fault_env, overrides
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.serial]
 
 TIMEOUT_S = 15
 SLACK_S = 10  # process exit, traceback printing and a loaded machine
