@@ -54,6 +54,14 @@ WMT14_MEDIAN, WMT14_SIGMA = 24.0, 0.6
 RATIO_MEDIAN, RATIO_SIGMA = 1.05, 0.2
 
 
+def padded_tokens(samples: list, group: list[int], pad_multiple: int = 1) -> int:
+    """B * max(S, T) of the batch `group` of `samples`, as the batcher's budget counts it."""
+    from data_pipeline.batching import round_up
+
+    longest = max(max(samples[i].src_len, samples[i].tgt_len) for i in group)
+    return len(group) * round_up(longest, pad_multiple)
+
+
 def wmt14_steps(job: Any, vocab: int, tokens: int, n_steps: int, seed: int = 1) -> list[list]:
     """`n_steps` steps of `job.train.grad_accum` micro-batches each, of random ids at lengths
     drawn like WMT14's, cut by the loader's batcher with at most `tokens // grad_accum` padded
@@ -69,8 +77,8 @@ def wmt14_steps(job: Any, vocab: int, tokens: int, n_steps: int, seed: int = 1) 
     want = n_steps * job.train.grad_accum
     samples: list[Sample] = []
     groups: list[list[int]] = []
-    while len(groups) < want + 2:  # the window's last, part-filled batches are not taken
-        n = int(1.2 * (want + 2) * micro_tokens / WMT14_MEDIAN)
+    n = int(1.2 * (want + 2) * micro_tokens / WMT14_MEDIAN)  # pairs in the window
+    while len(groups) < want:
         src_len = np.clip(np.rint(rng.lognormal(np.log(WMT14_MEDIAN), WMT14_SIGMA, n)), 1, None)
         ratio = rng.lognormal(np.log(RATIO_MEDIAN), RATIO_SIGMA, n)
         tgt_len = np.clip(np.rint(src_len * ratio), 1, None)
@@ -93,8 +101,11 @@ def wmt14_steps(job: Any, vocab: int, tokens: int, n_steps: int, seed: int = 1) 
             rng=rng,
             batch_multiple=d.batch_multiple,
         )
-        full = 0.5 * micro_tokens  # leave out the few small batches the window's end leaves
-        groups = [g for g in groups if len(g) * max(samples[i].src_len for i in g) >= full]
+        # the few part-filled batches at the window's end are left out
+        groups = [
+            g for g in groups if padded_tokens(samples, g, d.pad_multiple) >= 0.5 * micro_tokens
+        ]
+        n *= 2  # too few full batches: a larger window
     micro = [collate([samples[i] for i in g], d.pad_multiple) for g in groups[:want]]
     k = job.train.grad_accum
     return [micro[i : i + k] for i in range(0, want, k)]

@@ -41,7 +41,7 @@ def init_distributed(device_choice: str, timeout_s: float = 600.0) -> DistEnv:
         os.environ.update(
             {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
         )
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     import deepspeed  # imported late: DS_ACCELERATOR must be set first
 
     if device.type == "cuda":
@@ -58,7 +58,8 @@ def init_distributed(device_choice: str, timeout_s: float = 600.0) -> DistEnv:
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     import socket
 
     with socket.socket() as s:

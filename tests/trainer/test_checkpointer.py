@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from model.config import ModelConfig
 from model.loss import label_smoothed_loss
 from trainer.checkpoint import CheckpointError
 from trainer.checkpointer import CheckpointManager
-from trainer.dist import DistEnv
+from trainer.dist import DistEnv, free_port
 from trainer.engine import build_engine
 from trainer.run_dir import RunDir
 from trainer.state import RngState, TrainState
@@ -39,10 +38,8 @@ def env() -> Iterator[DistEnv]:
     saved = dict(os.environ)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
-    with socket.socket() as sock:  # a free port: another worker may hold a group too
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    # a free port: another pytest-xdist worker may hold a process group too
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

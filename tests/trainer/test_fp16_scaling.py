@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import OptimConfig, TrainConfig
+from trainer.dist import free_port
 from trainer.ds_config import build_ds_config
 
 pytestmark = pytest.mark.xdist_group("fp16-scaling")  # a module-scoped process group: one worker
@@ -25,7 +26,7 @@ def process_group() -> Iterator[None]:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     saved = dict(os.environ)
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
@@ -33,14 +34,6 @@ def process_group() -> Iterator[None]:
     dist.destroy_process_group()
     os.environ.clear()
     os.environ.update(saved)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scaler_from_our_config(min_loss_scale: int = 1):  # type: ignore[no-untyped-def]

@@ -9,7 +9,6 @@ the process group's timeout (gloo) or the trainer's watchdog.
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,17 +17,12 @@ from pathlib import Path
 import pytest
 
 from tests.integration.faults.conftest import CONFIG, fault_env, overrides
+from trainer.dist import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.serial]
 
 TIMEOUT_S = 15
 SLACK_S = 10  # process exit, traceback printing and a loaded machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("fault", ["hang_at_step", "kill_at_step"])

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trainer.dist import free_port
+
 # The daemons and commands without slurm-wlm's optional plugins (a third of the download).
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 DAEMONS = ["/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd"]
@@ -40,12 +42,6 @@ def ensure_installed(log: list[str]) -> float:
     seconds = time.monotonic() - started
     log.append(f"apt-get install {' '.join(PACKAGES)}: {seconds:.1f} s")
     return seconds
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def mem_mb() -> int:
