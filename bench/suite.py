@@ -10,7 +10,8 @@ Each bench runs as its own subprocess (torchrun-launched ones under `torch.distr
 with a timeout, and writes its key figures to a JSON file of rows (`--json PATH`, see
 bench/common.py); the suite collects them. In RESULTS.md each bench has a table, one row per
 figure with its value and unit, the exact command, the date (UTC) and the machine (CPU model,
-cores, native bf16 or not, GPU). A bench that fails (exit status, timeout, no rows) is a row
+cores, native bf16 or not, GPU); the file is rewritten after each bench, so a run stopped
+half-way keeps the tables it finished. A bench that fails (exit status, timeout, no rows) is a row
 saying so and makes the suite exit 1; a bench that cannot run on this machine (the GPU bench
 without CUDA, the data bench without its corpus) is a row saying why, and is no failure.
 Each bench's output goes to WORK/NAME.log (`--verbose` also echoes it).
@@ -741,6 +742,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = args.work_dir or (Path(tmp) if args.smoke else FULL_WORK)
         mode = "smoke" if args.smoke else "full"
         print(f"bench.suite: {len(benches)} bench(es), {mode} size, work in {work}", flush=True)
+        machine = machine_info()
         outcomes = []
         for bench in benches:
             echo = sys.stdout if args.verbose else None
@@ -749,10 +751,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(summary_line(outcome), flush=True)
             if outcome.status == "failed" and not args.verbose:
                 print(_tail(Path(outcome.log)), file=sys.stderr, flush=True)
-    machine = machine_info()
-    if results:
-        write_results(results, outcomes, machine)
-        print(f"bench.suite: wrote {results}")
+            if results:  # after each bench: a run stopped half-way keeps the tables it finished
+                write_results(results, outcomes, machine)
+                print(f"bench.suite: wrote {bench.name}'s table to {results}", flush=True)
     if args.json:
         report = {"mode": mode, "machine": machine, "benches": [o.as_dict() for o in outcomes]}
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -307,6 +307,30 @@ def test_main_exits_1_on_a_failed_bench_and_writes_every_outcome(
     assert not results.exists()
 
 
+def test_a_run_stopped_half_way_keeps_the_tables_it_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = (fake("first", WRITES_ROWS), fake("second", WRITES_ROWS), fake("kept", WRITES_ROWS))
+    monkeypatch.setattr(suite, "REGISTRY", registry)
+    monkeypatch.setattr(suite, "machine_info", lambda: MACHINE)
+    results = tmp_path / "RESULTS.md"
+    work = ["--work-dir", str(tmp_path / "work"), "--results", str(results)]
+    assert suite.main([*work, "--only", "kept"]) == 0  # an older table of another bench
+    real_run = suite.run_bench
+
+    def interrupted_at_second(bench: suite.Bench, *args: Any, **kw: Any) -> suite.Outcome:
+        if bench.name == "second":  # as Ctrl-C or a job's time limit stops `make bench`
+            raise KeyboardInterrupt
+        return real_run(bench, *args, **kw)
+
+    monkeypatch.setattr(suite, "run_bench", interrupted_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        suite.main(work)
+    sections = suite.split_sections(results.read_text())
+    assert list(sections) == ["first", "kept"]
+    assert "| speed | 12.5 | tokens/s |" in sections["first"]
+
+
 # --------------------------------------------------------------------------------------------
 # RESULTS.md
 
