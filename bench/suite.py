@@ -570,6 +570,9 @@ def run_bench(
             _kill_tree(proc)
             code = None
             reason = f"no result within {limit:.0f} s (stopped)"
+        except BaseException:  # Ctrl-C or TERM to the suite: its own session would run on
+            _kill_tree(proc)
+            raise
         reader.join(timeout=30)
     seconds = time.perf_counter() - start
     outcome = Outcome(
@@ -726,6 +729,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    """TERM (a job's time limit, `kill`) unwinds like Ctrl-C, so the running bench is stopped."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen benches; 0 when none failed, 1 when one did, 2 on a usage error."""
     args = parse_args(argv)
@@ -764,5 +772,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def command_line(argv: Sequence[str] | None = None) -> int:
+    """`python -m bench.suite`: main, with TERM stopping the running bench as Ctrl-C does."""
+    signal.signal(signal.SIGTERM, _exit_on_term)
+    return main(argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command_line())

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -332,6 +335,59 @@ def test_a_run_stopped_half_way_keeps_the_tables_it_finished(
     sections = suite.split_sections(results.read_text())
     assert list(sections) == ["first", "kept"]
     assert "| speed | 12.5 | tokens/s |" in sections["first"]
+
+
+STOPPED_SUITE = """
+import sys
+from pathlib import Path
+from bench import suite
+pid_file, work = sys.argv[1], Path(sys.argv[2])
+sleeper = ("{python}", "-c", f"import os, time; open({pid_file!r}, 'w').write(str(os.getpid())); "
+           "time.sleep(600)")
+suite.REGISTRY = (suite.Bench("sleeper", "sleeps", sleeper, sleeper, {}, 600, 600),)
+suite.machine_info = lambda: {"cpu": "c", "cores": 1, "native_bf16": False, "gpu": "none",
+                              "python": "3", "torch": "t", "deepspeed": "d"}
+sys.exit(suite.command_line(["--work-dir", str(work), "--results", str(work / "R.md")]))
+"""
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (nobody left to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state == "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "term"])
+def test_stopping_the_suite_stops_the_running_bench(sig: signal.Signals, tmp_path: Path) -> None:
+    """A bench runs in a session of its own (so that a timeout can kill its whole group), out of
+    reach of the terminal's Ctrl-C; the suite must stop it when it is itself stopped, by Ctrl-C
+    or by TERM (a job's time limit), instead of leaving it running."""
+    pid_file = tmp_path / "sleeper.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_SUITE, str(pid_file), str(tmp_path / "work")], cwd=ROOT
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.is_file() and pid_file.read_text()):
+            assert time.monotonic() < deadline, "the bench did not start"
+            assert proc.poll() is None, "the suite ended before its bench started"
+            time.sleep(0.1)
+        bench_pid = int(pid_file.read_text())
+        assert not _gone(bench_pid)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert code != 0
+    deadline = time.monotonic() + 30
+    while not _gone(bench_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not _gone(bench_pid):
+        os.kill(bench_pid, signal.SIGKILL)
+        pytest.fail("the bench ran on after the suite was stopped")
 
 
 # --------------------------------------------------------------------------------------------
