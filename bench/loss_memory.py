@@ -9,9 +9,11 @@ target positions B*T of one micro-batch (4,096: base's `data.max_tokens` per ran
 runs in a fresh Python process: decoder states (N, D) and the shared embedding (V, D) are
 allocated first, then the process's resident set is read, then one forward and backward
 (fp32, and bf16 where the CPU runs it natively); the figure is the peak resident set above
-that baseline (getrusage's maxrss), so it counts every buffer the loss and its gradients
-hold at once, logits and their fp32 copy included. The same losses and gradients are
-checked by tests/model/test_loss.py; this bench measures only memory.
+that baseline (getrusage's maxrss, with glibc's malloc returning freed blocks at once: see
+RETURN_FREED_MEMORY), so it counts every buffer the loss and its gradients hold at once,
+logits and their fp32 copy included. The same losses and gradients are
+checked by tests/model/test_loss.py; this bench measures only memory, and sets the chunked
+loss's peak beside what `paperscale plan` counts for it (launch/plan_activations.py).
 
 `--smoke`: d_model 32, vocabulary 8,000, 4,096 tokens (seconds).
 """
@@ -32,6 +34,10 @@ sys.path.insert(0, str(ROOT))
 from bench.common import add_output_arguments, row, write_rows  # noqa: E402
 
 VARIANTS = ("plain", "chunked")
+# glibc's malloc keeps a freed block below its (dynamic, up to 32 MiB) mmap threshold in the
+# heap, where the resident set goes on counting it as if it were live; a fixed 1 MiB threshold
+# maps every tensor of note on its own and returns it when freed, so the peak is the live peak.
+RETURN_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}
 
 
 def resident_bytes() -> int:
@@ -77,12 +83,28 @@ def child_run(variant: str, tokens: int, d_model: int, vocab: int, dtype: str) -
         f"print(json.dumps(measure({variant!r}, {tokens}, {d_model}, {vocab}, {dtype!r})))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, **RETURN_FREED_MEMORY},
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if out.returncode != 0:
         sys.stderr.write(out.stderr[-3000:])
         raise SystemExit(f"{variant} {dtype}: exit {out.returncode}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def plan_chunked_mib(tokens: int, d_model: int, vocab: int, dtype: str) -> float:
+    """What `paperscale plan` counts for the chunked loss of `tokens` target positions: its
+    per-token term (the decoder states' gradient) and its work space."""
+    from launch.plan_activations import activation_bytes_per_token, loss_workspace_bytes
+    from model.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=vocab, d_model=d_model)
+    per_token = activation_bytes_per_token(cfg, dtype)["loss"]
+    return (tokens * per_token + loss_workspace_bytes(cfg, dtype)) / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,11 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {dtype}: plain {plain:,.0f} MiB, chunked {chunked:,.0f} MiB "
               f"(x{plain / max(chunked, 1e-9):.1f} less); loss {got['plain']['loss']:.6f} / "
               f"{got['chunked']['loss']:.6f}")  # fmt: skip
+        planned = plan_chunked_mib(tokens, d_model, vocab, dtype)
+        print(f"  {dtype}: `paperscale plan` counts {planned:,.0f} MiB for the chunked loss "
+              f"(measured / plan {chunked / planned:.3f})")  # fmt: skip
         case = {"dtype": dtype, "tokens": tokens, "d_model": d_model, "vocab": vocab}
         rows += [
             row("peak, plain loss", plain, "MiB", **case),
             row("peak, chunked loss", chunked, "MiB", **case),
             row("plain / chunked peak", plain / max(chunked, 1e-9), "x", **case),
+            row("plan estimate, chunked loss", planned, "MiB", **case),
+            row("chunked peak / plan estimate", chunked / planned, "x", **case),
         ]
     write_rows(args.json, rows)
     return 0

@@ -620,8 +620,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _detail(value: Any) -> str:
+    """A detail's value: a float to 4 significant digits (2.916872199000011 -> 2.917)."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def _details(r: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("figure", "value", "unit"))
+    return ", ".join(
+        f"{k}={_detail(v)}" for k, v in r.items() if k not in ("figure", "value", "unit")
+    )
 
 
 def render_section(outcome: Outcome, bench: Bench | None, machine: Mapping[str, Any]) -> str:

@@ -114,6 +114,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         precision=precision,
         checkpointing=job.train.activation_checkpointing,
         seq_len=args.seq_len,
+        compiled=job.train.compile,
     )
     plan = {"vocab_size": vocab, "gpu": args.gpu, "precision_from": how, **plan}
     plan["checkpoint"] = checkpoint_figures(plan, job, machine, precision, args.write_gbs)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from launch.plan_activations import activation_bytes, loss_workspace_bytes, per_token_bytes
 from launch.plan_save import checkpoint_lines
 from model.config import ModelConfig
 from model.params import count_parameters
@@ -151,62 +152,6 @@ def model_state_bytes(
     }
 
 
-def activation_bytes_per_token(cfg: ModelConfig, precision: str = "bf16") -> dict[str, float]:
-    """Bytes kept for backward per token of a micro-batch (per side), by term.
-
-    Counted from what autograd saves in model/ (post-LN layers, SDPA attention whose fused
-    kernels keep the output and a float32 log-sum-exp per head instead of the score matrix),
-    with a = bytes of an activation (2 for bf16/fp16, 4 for fp32), d = d_model, f = d_ff,
-    h = heads:
-      encoder layer, per source token: input, q, k, v, attention output, its merged-heads copy,
-        LayerNorm input (7 d a), FFN input, ReLU output, LayerNorm input ((2 d + f) a), two
-        dropout masks (2 d bytes), log-sum-exp (4 h) and two LayerNorm mean/rstd (16);
-      decoder layer, per target token: self-attention as above (7 d a), cross-attention query
-        input, q, output, merged copy, LayerNorm input (5 d a), FFN ((2 d + f) a), three masks
-        (3 d), 8 h + 24; per source token: the cross-attention k and v (2 d a);
-      embeddings: the scaled embedding and its dropout mask (d a + d) per token each side;
-      logits, per target token: bf16 logits held until backward, fp32 log-probabilities saved
-        by log_softmax, and their fp32 and 16-bit gradients in backward (2 + 4 + 4 + 2) V
-        (fp32 training: 16 V).
-    With activation checkpointing each layer keeps only its input (d a per token) and one layer
-    at a time is recomputed in backward, so the layer terms become L d a + one layer's terms.
-    Attention dropout > 0 would make SDPA fall back to the math kernel that saves (h, S, S)
-    scores; it is off in every preset and not counted.
-    """
-    a = 4 if precision == "fp32" else 2
-    d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
-    assert cfg.vocab_size is not None
-    enc_layer = (9 * d + f) * a + 2 * d + 4 * h + 16
-    dec_layer_tgt = (14 * d + f) * a + 3 * d + 8 * h + 24
-    dec_layer_src = 2 * d * a
-    embed = d * a + d
-    logits = (16 if precision == "fp32" else 12) * cfg.vocab_size
-    return {
-        "encoder": enc_layer * cfg.encoder_layers,
-        "decoder": dec_layer_tgt * cfg.decoder_layers,
-        "cross_kv": dec_layer_src * cfg.decoder_layers,
-        "embeddings": 2 * embed,
-        "logits": logits,
-        "encoder_layer": enc_layer,
-        "decoder_layer": dec_layer_tgt + dec_layer_src,
-    }
-
-
-def activation_bytes(
-    cfg: ModelConfig, tokens: int, precision: str = "bf16", checkpointing: bool = False
-) -> float:
-    """Activation memory of one micro-batch of `tokens` padded tokens per side (source and
-    target alike); see `activation_bytes_per_token`."""
-    t = activation_bytes_per_token(cfg, precision)
-    a = 4 if precision == "fp32" else 2
-    if checkpointing:
-        layer_inputs = cfg.d_model * a * (cfg.encoder_layers + cfg.decoder_layers)
-        layers = layer_inputs + max(t["encoder_layer"], t["decoder_layer"])
-    else:
-        layers = t["encoder"] + t["decoder"] + t["cross_kv"]
-    return float(tokens) * (layers + t["embeddings"] + t["logits"])
-
-
 def largest_micro_batch(
     cfg: ModelConfig,
     state_bytes: float,
@@ -215,11 +160,12 @@ def largest_micro_batch(
     checkpointing: bool = False,
     multiple: int = TOKEN_MULTIPLE,
     cap: int | None = None,
+    compiled: bool = False,
 ) -> int:
     """Largest multiple of `multiple` tokens per side whose activations fit beside the model
     states in `usable_bytes` (0 when not even one multiple fits); at most `cap` if given."""
-    free = usable_bytes - state_bytes
-    per_token = activation_bytes(cfg, 1, precision, checkpointing)
+    free = usable_bytes - state_bytes - loss_workspace_bytes(cfg, precision, compiled)
+    per_token = per_token_bytes(cfg, precision, checkpointing, compiled)
     if free <= 0:
         return 0
     tokens = int(free // per_token) // multiple * multiple
@@ -243,6 +189,7 @@ def stage_plan(
     precision: str = "bf16",
     checkpointing: bool = False,
     buckets: Buckets | None = None,
+    compiled: bool = False,
 ) -> dict[str, float | int | bool]:
     """One stage's memory, micro-batch and accumulation on `machine`.
 
@@ -258,7 +205,13 @@ def stage_plan(
     states["total"] += module_buffer_bytes(cfg)
     cap = math.ceil(target_tokens / machine.world)
     micro = largest_micro_batch(
-        cfg, states["total"], machine.usable_bytes(), precision, checkpointing, cap=cap
+        cfg,
+        states["total"],
+        machine.usable_bytes(),
+        precision,
+        checkpointing,
+        cap=cap,
+        compiled=compiled,
     )
     out: dict[str, float | int | bool] = {"stage": stage, **states}
     out["fits"] = micro > 0
@@ -268,7 +221,7 @@ def stage_plan(
         need = math.ceil(target_tokens / (accum * machine.world))
         micro = min(micro, math.ceil(need / TOKEN_MULTIPLE) * TOKEN_MULTIPLE)
     out["micro_tokens"] = micro
-    out["activations"] = activation_bytes(cfg, micro, precision, checkpointing)
+    out["activations"] = activation_bytes(cfg, micro, precision, checkpointing, compiled)
     out["grad_accum"] = accum
     out["peak"] = states["total"] + out["activations"]
     return out
@@ -296,17 +249,20 @@ def make_plan(
     checkpointing: bool = False,
     seq_len: int = 32,
     buckets: Buckets | None = None,
+    compiled: bool = False,
 ) -> dict:
     """Everything `paperscale plan` prints.
 
     `target_tokens` is per side: the paper's ~25k source and ~25k target tokens per step.
     Micro-batches are padded tokens per side, as `data.max_tokens` counts them. FLOPs count
     the step's target_tokens on both sides at padded length `seq_len` (trainer/flops.py).
+    `compiled` is `train.compile`: the loss is then the compiler's fused one, whose logits
+    grow with the micro-batch, instead of the chunked one (launch/plan_activations.py).
     """
     if target_tokens < 1:
         raise ValueError("target tokens must be >= 1")
     stages = [
-        stage_plan(cfg, s, machine, target_tokens, precision, checkpointing, buckets)
+        stage_plan(cfg, s, machine, target_tokens, precision, checkpointing, buckets, compiled)
         for s in STAGES
     ]
     best = recommend_stage(stages)
@@ -317,6 +273,7 @@ def make_plan(
         "usable_gib": machine.usable_bytes() / GIB,
         "precision": precision,
         "activation_checkpointing": checkpointing,
+        "compiled": compiled,
         "target_tokens_per_side": target_tokens,
         "stages": stages,
         "recommended_stage": best,
@@ -357,7 +314,8 @@ def format_plan(plan: dict) -> str:
         f"{p['encoder']:,}, decoder {p['decoder']:,})",
         f"ranks            {plan['world']} x {plan['gpu_mem_gib']:g} GiB "
         f"({plan['usable_gib']:.1f} GiB usable per rank), {plan['precision']}, "
-        f"activation checkpointing {'on' if plan['activation_checkpointing'] else 'off'}",
+        f"activation checkpointing {'on' if plan['activation_checkpointing'] else 'off'}, "
+        f"loss {'fused by torch.compile' if plan.get('compiled') else 'chunked'}",
         f"target           {plan['target_tokens_per_side']:,} tokens per side per step",
     ]
     if plan.get("precision_from"):

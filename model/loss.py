@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.config import PAD_ID
+from model.config import LOSS_CHUNK_ELEMENTS, PAD_ID
 
 
 def label_smoothed_loss(
@@ -34,7 +34,7 @@ def label_smoothed_loss(
     return loss_sum, nll_sum, keep.sum()
 
 
-CHUNK_ELEMENTS = 2**24  # logits per chunk of the chunked loss (64 MiB in fp32)
+CHUNK_ELEMENTS = LOSS_CHUNK_ELEMENTS  # logits per chunk (a module global: tests change it)
 
 
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
@@ -60,8 +60,8 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         nll_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         for start in range(0, n, rows):
             hc, tc = h[start : start + rows], target[start : start + rows]  # (C, D), (C,)
-            logits = F.linear(hc, weight).float()  # (C, V)
-            lprobs = F.log_softmax(logits, dim=-1)  # (C, V)
+            # the fp32 logits live only inside log_softmax: at most two (C, V) fp32 at a time
+            lprobs = F.log_softmax(F.linear(hc, weight).float(), dim=-1)  # (C, V)
             keep = tc.ne(pad_id)  # (C,)
             safe = tc.masked_fill(~keep, 0)  # (C,)
             nll = -lprobs.gather(-1, safe[:, None]).squeeze(-1)  # (C,)
@@ -72,12 +72,14 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
             if not need_grads:
                 continue
             # d loss / d logits = p - (1 - eps) onehot(target) - eps / V, zero at padding
-            grad = lprobs.exp_().sub_(epsilon / v)  # (C, V)
+            grad = lprobs.exp_().sub_(epsilon / v)  # (C, V), in lprobs' storage
+            del lprobs
             grad.scatter_add_(-1, safe[:, None], torch.full_like(nll[:, None], -(1.0 - epsilon)))
             grad.mul_(keep[:, None])
             grad = grad.to(h.dtype)  # the dtype autograd would hand the projection
             grad_h[start : start + rows] = grad @ weight  # (C, D)
-            grad_w += (grad.t() @ hc).float()  # (V, D)
+            grad_w.add_(grad.t() @ hc)  # (V, D), accumulated in fp32 without an fp32 copy
+            del grad  # before the next chunk's logits
         ntok = target.ne(pad_id).sum()
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
         ctx.mark_non_differentiable(nll_sum, ntok)

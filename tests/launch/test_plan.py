@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from launch.plan import (
     recommend_stage,
     stage_plan,
 )
-from model.config import ModelConfig
+from launch.plan_activations import loss_workspace_bytes, per_token_bytes
+from model.config import LOSS_CHUNK_ELEMENTS, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_BUCKETS = Buckets(reduce=0, allgather=0, prefetch=0, persistence_threshold=0)
@@ -72,13 +74,29 @@ def test_fp32_has_no_master_copy_at_stage_0() -> None:
     assert model_state_bytes(100, 1, 1, "fp32", NO_BUCKETS)["total"] == 20 * 100
 
 
-def test_activations_linear_in_tokens_and_smaller_with_checkpointing() -> None:
-    one = activation_bytes(BIG, 1)
-    assert activation_bytes(BIG, 4096) == pytest.approx(4096 * one)
+def test_activations_grow_by_the_per_token_bytes_and_shrink_with_checkpointing() -> None:
+    one, work = per_token_bytes(BIG), loss_workspace_bytes(BIG)
+    assert activation_bytes(BIG, 4096) == pytest.approx(4096 * one + work)
+    assert activation_bytes(BIG, 0) == 0
     assert activation_bytes(BIG, 4096, checkpointing=True) < 0.6 * activation_bytes(BIG, 4096)
-    assert activation_bytes(BIG, 1, "fp32") > one
-    # the logits dominate at a 37k vocabulary: 12 bytes per vocabulary entry per token
-    assert one > 12 * 37000
+    assert activation_bytes(BIG, 4096, "fp32") > activation_bytes(BIG, 4096)
+
+
+def test_chunked_loss_has_no_vocabulary_term_per_token_and_compiled_has_two() -> None:
+    """The chunked loss keeps d a per token whatever the vocabulary (its (V, d) work space is
+    fixed); the compiler's fused plain loss holds the logits and their gradient, 2 a V."""
+    wide = dataclasses.replace(BIG, vocab_size=2 * 37000)
+    assert per_token_bytes(wide) == per_token_bytes(BIG)
+    assert loss_workspace_bytes(BIG) >= 8 * LOSS_CHUNK_ELEMENTS + 4 * 37000 * 1024
+    assert loss_workspace_bytes(BIG, compiled=True) == 0
+    assert per_token_bytes(BIG, compiled=True) - per_token_bytes(BIG) == 2 * 2 * 37000 - 1024 * 2
+    assert per_token_bytes(BIG, "fp32", compiled=True) - per_token_bytes(BIG, "fp32") == (
+        2 * 4 * 37000 - 1024 * 4
+    )
+    # so at the paper's batch the chunked loss fits a larger micro-batch on the same GPU
+    machine = Machine(gpus_per_node=1, gpu_mem_gib=12.0)  # neither reaches the 25k cap
+    eager, compiled = make_plan(BIG, machine), make_plan(BIG, machine, compiled=True)
+    assert eager["stages"][1]["max_micro_tokens"] > compiled["stages"][1]["max_micro_tokens"]
 
 
 def test_micro_batch_search_is_monotone_in_memory() -> None:
@@ -101,11 +119,12 @@ def test_accumulation_reaches_the_target(target: int, micro: int, world: int) ->
     assert accum == 1 or (accum - 1) * micro * world < target
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["chunked", "compiled"])
 @pytest.mark.parametrize("gpu_mem", [12.0, 24.0, 80.0, 141.0])
 @pytest.mark.parametrize("world", [1, 8, 16])
-def test_plan_meets_the_target_and_fits(gpu_mem: float, world: int) -> None:
+def test_plan_meets_the_target_and_fits(gpu_mem: float, world: int, compiled: bool) -> None:
     machine = Machine(nodes=world // 8 or 1, gpus_per_node=min(world, 8), gpu_mem_gib=gpu_mem)
-    plan = make_plan(BIG, machine, target_tokens=25_000)
+    plan = make_plan(BIG, machine, target_tokens=25_000, compiled=compiled)
     for stage in plan["stages"]:
         if stage["fits"]:
             accum, micro = stage["grad_accum"], stage["micro_tokens"]
@@ -125,7 +144,7 @@ def test_plan_meets_the_target_and_fits(gpu_mem: float, world: int) -> None:
 
 
 def test_higher_stage_recommended_when_memory_is_tight() -> None:
-    machine = Machine(nodes=1, gpus_per_node=8, gpu_mem_gib=6.0, headroom=0.0)
+    machine = Machine(nodes=1, gpus_per_node=8, gpu_mem_gib=5.0, headroom=0.0)
     stages = [stage_plan(BIG, s, machine, 25_000, buckets=NO_BUCKETS) for s in range(4)]
     assert stages[0]["micro_tokens"] < stages[3]["micro_tokens"]
     assert recommend_stage(stages) > 0
@@ -232,16 +251,23 @@ def test_cli_bad_args_exit_2_one_line(bad: list[str], needle: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "d, f, heads, vocab, layers", [(64, 256, 2, 2000, 2), (128, 512, 4, 800, 1)]
+    "d, f, heads, vocab, layers, compiled",
+    [
+        (64, 256, 2, 2000, 2, False),
+        (128, 512, 4, 800, 1, False),
+        pytest.param(64, 256, 2, 2000, 2, True, marks=pytest.mark.timeout(600)),
+    ],
+    ids=["chunked-2-layers", "chunked-1-layer", "compiled"],
 )
 def test_activation_estimate_matches_what_autograd_saves(
-    d: int, f: int, heads: int, vocab: int, layers: int
+    d: int, f: int, heads: int, vocab: int, layers: int, compiled: bool
 ) -> None:
-    """Bytes autograd saves in a bf16 training forward (plus the logits held until backward)
-    equal the per-token estimate less the backward-only logit gradients (6 V per token)."""
+    """Bytes autograd saves in the model's bf16 training forward (the loss included) equal the
+    plan's per-token bytes with, for the chunked loss, its saved (V, d) projection gradient,
+    and for the compiled loss (inductor fuses the plain one) less the logits' gradient, which
+    exists only in backward."""
     import torch
 
-    from model.loss import label_smoothed_loss
     from model.transformer import Transformer
 
     cfg = ModelConfig(
@@ -262,9 +288,16 @@ def test_activation_estimate_matches_what_autograd_saves(
     b, s = 8, 32
     src = torch.randint(4, vocab, (b, s))  # (B, S)
     tgt = torch.randint(4, vocab, (b, s + 1))  # (B, T + 1)
+    forward = torch.compile(model, dynamic=False) if compiled else model
+    if compiled:
+        forward(src, tgt[:, :-1], tgt[:, 1:], 0.1, False)  # compiled outside the count
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = model(src, tgt[:, :-1])  # (B, T, V)
-        label_smoothed_loss(logits, tgt[:, 1:], 0.1)
-    measured = sum(saved.values()) + logits.untyped_storage().nbytes()
-    predicted = activation_bytes(cfg, b * s) - 6 * vocab * b * s
+        loss, _, _ = forward(src, tgt[:, :-1], tgt[:, 1:], 0.1, False)
+    assert loss.requires_grad
+    measured = sum(saved.values())
+    tokens = b * s
+    if compiled:
+        predicted = tokens * (per_token_bytes(cfg, compiled=True) - 2 * vocab)
+    else:
+        predicted = tokens * per_token_bytes(cfg) + 2 * vocab * d
     assert measured == pytest.approx(predicted, rel=0.03)

@@ -1,0 +1,111 @@
+"""Activation memory of one micro-batch, as the planner counts it: what autograd keeps for
+backward per token, and the fixed work space of the training loss.
+
+Pure arithmetic on the model's shapes (no torch), checked against what autograd actually saves
+(tests/launch/test_plan.py) and against the loss's measured peak (bench/loss_memory.py).
+"""
+
+from __future__ import annotations
+
+from model.config import LOSS_CHUNK_ELEMENTS, ModelConfig
+
+
+def _activation_size(precision: str) -> int:
+    """Bytes of one activation element: 4 in fp32 training, 2 in bf16/fp16."""
+    return 4 if precision == "fp32" else 2
+
+
+def activation_bytes_per_token(
+    cfg: ModelConfig, precision: str = "bf16", compiled: bool = False
+) -> dict[str, float]:
+    """Bytes kept for backward per token of a micro-batch (per side), by term.
+
+    Counted from what autograd saves in model/ (post-LN layers, SDPA attention whose fused
+    kernels keep the output and a float32 log-sum-exp per head instead of the score matrix),
+    with a = bytes of an activation (2 for bf16/fp16, 4 for fp32), d = d_model, f = d_ff,
+    h = heads, V = vocabulary:
+      encoder layer, per source token: input, q, k, v, attention output, its merged-heads copy,
+        LayerNorm input (7 d a), FFN input, ReLU output, LayerNorm input ((2 d + f) a), two
+        dropout masks (2 d bytes), log-sum-exp (4 h) and two LayerNorm mean/rstd (16);
+      decoder layer, per target token: self-attention as above (7 d a), cross-attention query
+        input, q, output, merged copy, LayerNorm input (5 d a), FFN ((2 d + f) a), three masks
+        (3 d), 8 h + 24; per source token: the cross-attention k and v (2 d a);
+      embeddings: the scaled embedding and its dropout mask (d a + d) per token each side;
+      loss, per target token: model/loss.py's chunked loss computes the gradient of the decoder
+        states in its forward and keeps it for backward (d a) - the (B, T, V) logits never
+        exist whole; compiled (`train.compile`, where the compiler fuses the plain loss
+        instead), the logits in the compute dtype kept for backward and their gradient in
+        backward (2 a V).
+    Attention dropout > 0 would make SDPA fall back to the math kernel that saves (h, S, S)
+    scores; it is off in every preset and not counted.
+    """
+    a = _activation_size(precision)
+    d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
+    assert cfg.vocab_size is not None
+    enc_layer = (9 * d + f) * a + 2 * d + 4 * h + 16
+    dec_layer_tgt = (14 * d + f) * a + 3 * d + 8 * h + 24
+    dec_layer_src = 2 * d * a
+    embed = d * a + d
+    loss = 2 * a * cfg.vocab_size if compiled else d * a
+    return {
+        "encoder": enc_layer * cfg.encoder_layers,
+        "decoder": dec_layer_tgt * cfg.decoder_layers,
+        "cross_kv": dec_layer_src * cfg.decoder_layers,
+        "embeddings": 2 * embed,
+        "loss": loss,
+        "encoder_layer": enc_layer,
+        "decoder_layer": dec_layer_tgt + dec_layer_src,
+    }
+
+
+def loss_workspace_bytes(
+    cfg: ModelConfig, precision: str = "bf16", compiled: bool = False
+) -> float:
+    """Peak bytes of the chunked loss's forward beyond its per-token terms, whatever the batch.
+
+    The (V, d) gradient of the projection is accumulated in fp32 (4 V d) over the chunks of C =
+    LOSS_CHUNK_ELEMENTS logits. On top of it, the larger of two moments of a chunk: its fp32
+    logits and their log-probabilities (8 C), or its gradient in the compute dtype with the
+    chunk's (V, d) product (a C + a V d). None when compiled: the fused plain loss has no
+    chunks (its logits are per token, above).
+    """
+    if compiled:
+        return 0.0
+    a = _activation_size(precision)
+    assert cfg.vocab_size is not None
+    c, vd = LOSS_CHUNK_ELEMENTS, cfg.vocab_size * cfg.d_model
+    return float(4 * vd + max(8 * c, a * c + a * vd))
+
+
+def per_token_bytes(
+    cfg: ModelConfig, precision: str = "bf16", checkpointing: bool = False, compiled: bool = False
+) -> float:
+    """Activation bytes per token of a micro-batch (per side, source and target alike).
+
+    With activation checkpointing each layer keeps only its input (d a per token) and one
+    layer at a time is recomputed in backward, so the layer terms become L d a + one layer's
+    terms; the embeddings and the loss are outside the checkpointed layers.
+    """
+    t = activation_bytes_per_token(cfg, precision, compiled)
+    if checkpointing:
+        layer_inputs = cfg.d_model * _activation_size(precision)
+        layer_inputs *= cfg.encoder_layers + cfg.decoder_layers
+        layers = layer_inputs + max(t["encoder_layer"], t["decoder_layer"])
+    else:
+        layers = t["encoder"] + t["decoder"] + t["cross_kv"]
+    return float(layers + t["embeddings"] + t["loss"])
+
+
+def activation_bytes(
+    cfg: ModelConfig,
+    tokens: int,
+    precision: str = "bf16",
+    checkpointing: bool = False,
+    compiled: bool = False,
+) -> float:
+    """Activation memory of one micro-batch of `tokens` padded tokens per side: the per-token
+    terms and, for a non-empty batch, the loss's work space."""
+    if tokens <= 0:
+        return 0.0
+    per_token = per_token_bytes(cfg, precision, checkpointing, compiled)
+    return float(tokens) * per_token + loss_workspace_bytes(cfg, precision, compiled)
