@@ -70,6 +70,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
             loss_sum += torch.where(keep, (1.0 - epsilon) * nll + epsilon * smooth, zero).sum()
             nll_sum += torch.where(keep, nll, zero).sum()
             if not need_grads:
+                del lprobs  # before the next chunk's logits
                 continue
             # d loss / d logits = p - (1 - eps) onehot(target) - eps / V, zero at padding
             grad = lprobs.exp_().sub_(epsilon / v)  # (C, V), in lprobs' storage
