@@ -240,6 +240,38 @@ def recommend_stage(stages: list[dict[str, float | int | bool]]) -> int | None:
     return min(int(s["stage"]) for s in fitting if int(s["grad_accum"]) == fewest)
 
 
+def _chosen_stage(
+    cfg: ModelConfig,
+    machine: Machine,
+    chosen: dict[str, float | int | bool],
+    max_steps: int,
+    checkpointing: bool,
+    seq_len: int,
+) -> dict:
+    """The recommended stage's batch, FLOPs, step and total time, and its overrides."""
+    tokens = int(chosen["micro_tokens"]) * int(chosen["grad_accum"]) * machine.world
+    flops = step_flops(cfg, tokens, tokens, seq_len, seq_len)
+    if checkpointing:
+        flops *= 4 / 3  # the forward pass runs twice
+    step_s = flops / (machine.world * machine.peak_flops * machine.mfu)
+    return {
+        "micro_tokens": chosen["micro_tokens"],
+        "grad_accum": chosen["grad_accum"],
+        "tokens_per_step_per_side": tokens,
+        "flops_per_step": flops,
+        "mfu": machine.mfu,
+        "peak_tflops": machine.peak_flops / 1e12,
+        "step_s": step_s,
+        "max_steps": max_steps,
+        "total_hours": step_s * max_steps / 3600,
+        "overrides": [
+            f"train.zero_stage={chosen['stage']}",
+            f"data.max_tokens={chosen['micro_tokens']}",
+            f"train.grad_accum={chosen['grad_accum']}",
+        ],
+    }
+
+
 def make_plan(
     cfg: ModelConfig,
     machine: Machine,
@@ -279,30 +311,7 @@ def make_plan(
         "recommended_stage": best,
     }
     if best is not None:
-        chosen = stages[best]
-        tokens = int(chosen["micro_tokens"]) * int(chosen["grad_accum"]) * machine.world
-        flops = step_flops(cfg, tokens, tokens, seq_len, seq_len)
-        if checkpointing:
-            flops *= 4 / 3  # the forward pass runs twice
-        step_s = flops / (machine.world * machine.peak_flops * machine.mfu)
-        out.update(
-            {
-                "micro_tokens": chosen["micro_tokens"],
-                "grad_accum": chosen["grad_accum"],
-                "tokens_per_step_per_side": tokens,
-                "flops_per_step": flops,
-                "mfu": machine.mfu,
-                "peak_tflops": machine.peak_flops / 1e12,
-                "step_s": step_s,
-                "max_steps": max_steps,
-                "total_hours": step_s * max_steps / 3600,
-                "overrides": [
-                    f"train.zero_stage={best}",
-                    f"data.max_tokens={chosen['micro_tokens']}",
-                    f"train.grad_accum={chosen['grad_accum']}",
-                ],
-            }
-        )
+        out.update(_chosen_stage(cfg, machine, stages[best], max_steps, checkpointing, seq_len))
     return out
 
 
