@@ -35,12 +35,24 @@ from data_pipeline.config import DataConfig
 from data_pipeline.dealing import Dealing, parts_for
 from data_pipeline.manifest import read_manifest
 from data_pipeline.position import Counters, WorkerPosition, progress_from_json, progress_to_json
-from data_pipeline.producer import ProducerContext, WorkerDataset, ignore_stop_signals, produce
+from data_pipeline.producer import (
+    ProducerContext,
+    WorkerDataset,
+    ignore_stop_signals,
+    produce,
+    stop_signals_held,
+)
 from data_pipeline.resume import READABLE_VERSIONS, STATE_VERSION, merge_states
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 1000  # window (samples) for bucketing when cfg.shuffle_buffer == 0
+# Loader workers are spawned, not forked: a rank is multi-threaded (gloo, DeepSpeed, the metric
+# sinks), and a fork while another thread holds CPython's thread-state lock leaves the child
+# waiting on it forever on CPython <= 3.11.7 (gh-112275): seen as a worker stuck in
+# PyOS_AfterFork_Child and its rank waiting for the worker's first batch. A spawned worker is
+# a fresh interpreter (about a second more to start, once per stream).
+WORKER_START = "spawn"
 
 __all__ = ["Batch", "TokenBatchStream", "read_manifest"]
 
@@ -143,7 +155,7 @@ class TokenBatchStream:
 
     def _closing_event(self) -> Any:
         if self._closing is None:
-            self._closing = mp.get_context().Event()
+            self._closing = mp.get_context(WORKER_START).Event()
             atexit.register(self._closing.set)  # before multiprocessing ends workers with TERM
         return self._closing
 
@@ -156,18 +168,23 @@ class TokenBatchStream:
         if self.cfg.num_workers == 0:
             items: Any = produce(self._ctx, 0, self._ctx.slot0, positions[0])
         else:
-            items = DataLoader(
-                WorkerDataset(self._ctx, positions, self._next, self._closing_event()),
+            with stop_signals_held():  # its semaphores register with the resource tracker
+                closing = self._closing_event()
+            loader = DataLoader(
+                WorkerDataset(self._ctx, positions, self._next, closing),
                 batch_size=None,
                 num_workers=self.cfg.num_workers,
                 collate_fn=_identity,
                 worker_init_fn=ignore_stop_signals,
+                multiprocessing_context=WORKER_START,
                 prefetch_factor=2,
                 pin_memory=self.pin_memory,
                 # Its own generator: creating the iterator must not draw from the global torch
                 # RNG, which the trainer restores on resume (dropout must continue exactly).
                 generator=torch.Generator().manual_seed(self.cfg.seed),
             )
+            with stop_signals_held():
+                items = iter(loader)  # starts the workers
         for item in items:
             self._positions[item.worker] = item.pos
             self._next = (item.worker + 1) % self.num_workers

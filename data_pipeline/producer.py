@@ -19,7 +19,9 @@ import logging
 import os
 import signal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,30 @@ from data_pipeline.position import Counters, EpochProgress, Progress, WorkerPosi
 from data_pipeline.shards import RawSample, ShardReadError, decode_sample, iter_shard
 
 log = logging.getLogger("data_pipeline.loader")
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+@contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Stop signals wait - blocked in this thread, not lost - while loader workers start.
+
+    A spawned worker inherits the mask, so a TERM to every process of the job in its first
+    seconds, before `ignore_stop_signals` has run in it, cannot kill it mid-start (its rank
+    would then fail on a dead worker instead of saving). So does multiprocessing's resource
+    tracker, which the first spawn starts and which would otherwise die of a USR1 sent to every
+    process; starting, it unblocks INT and TERM in this thread, hence the second block. The
+    rank itself gets any stop signal as before: another of its threads takes it, or this one
+    when the mask is restored.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -56,6 +82,7 @@ def ignore_stop_signals(worker_id: int) -> None:
             os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held since its start
 
 
 @dataclass

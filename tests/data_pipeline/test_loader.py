@@ -431,3 +431,44 @@ def test_loader_workers_survive_stop_signals(prepared: Path) -> None:
     time.sleep(0.5)
     got += [b.keys for b in stream]
     assert got == straight
+
+
+def _signal_masks(pid: int) -> dict[str, set[int]]:
+    """Blocked and ignored signals of a process, from /proc/PID/status."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigBlk", "SigIgn"):
+            bits = int(value.strip(), 16)
+            out[key] = {n for n in range(1, 65) if bits >> (n - 1) & 1}
+    return out
+
+
+def test_loader_workers_are_spawned_with_stop_signals_held_until_they_handle_them(
+    prepared: Path,
+) -> None:
+    """Workers start by spawn, not by fork of the (multi-threaded) rank, and a stop signal in
+    their first moments waits for their own handlers instead of killing them: once started
+    they block none of TERM, INT, USR1 and ignore INT and USR1 (ignore_stop_signals). The
+    resource tracker that spawning starts keeps them blocked, so no USR1 to every process of a
+    job ends it. The rank's own mask is as it was."""
+    import os
+    import signal
+
+    from launch.local import child_pids
+
+    stop = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
+    before = _signal_masks(os.getpid())["SigBlk"]
+    stream = iter(TokenBatchStream(prepared, "train", data_cfg(num_workers=2), epochs=1))
+    next(stream), next(stream)  # round robin: both workers are running
+    assert _signal_masks(os.getpid())["SigBlk"] == before
+    children = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in child_pids(os.getpid())}
+    workers = [pid for pid, cmd in children.items() if b"spawn_main" in cmd]
+    trackers = [pid for pid, cmd in children.items() if b"resource_tracker" in cmd]
+    assert len(workers) == 2 and len(trackers) == 1, children
+    for pid in workers:
+        masks = _signal_masks(pid)
+        assert not stop & masks["SigBlk"], masks
+        assert {signal.SIGINT, signal.SIGUSR1} <= masks["SigIgn"], masks
+    for pid in trackers:
+        assert stop <= _signal_masks(pid)["SigBlk"] | _signal_masks(pid)["SigIgn"]

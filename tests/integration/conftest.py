@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -37,16 +38,18 @@ def paperscale(
 ) -> subprocess.CompletedProcess:
     """Run `python -m launch.cli ARGS` and fail the test (not hang) past `timeout` seconds.
 
-    The command runs in a session of its own, so that every process it starts (torchrun, the
-    ranks, their loader workers) can be ended together: past the timeout each gets SIGABRT,
-    which makes every Python process print its threads' tracebacks (PYTHONFAULTHANDLER), then
-    SIGKILL; the test fails with the tail of what they printed. Processes left behind by a
-    finished command are killed too, so none keeps a core busy for the rest of the suite.
+    Every process the command starts (torchrun, the ranks in their own sessions, their loader
+    workers) carries a token of this call in its environment, so that all can be ended
+    together: past the timeout each gets SIGABRT, which makes every Python process print its
+    threads' tracebacks (PYTHONFAULTHANDLER), then SIGKILL; the test fails with the tail of
+    what they printed. Processes left behind by a finished command are killed too, so none
+    keeps a core busy (or the command's output pipe open) for the rest of the suite.
     `env` adds to (or overrides) the test environment of cli_env()."""
+    token = uuid.uuid4().hex
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch.cli", *args],
         cwd=cwd,
-        env={**cli_env(), "PYTHONFAULTHANDLER": "1", **(env or {})},
+        env={**cli_env(), "PYTHONFAULTHANDLER": "1", RUN_TOKEN: token, **(env or {})},
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -56,24 +59,37 @@ def paperscale(
     try:
         stdout, stderr = proc.communicate(stdin, timeout=timeout)
     except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGABRT)
+        signal_run(proc.pid, token, signal.SIGABRT)
         try:
             stdout, stderr = proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-        _signal_group(proc.pid, signal.SIGKILL)
+            signal_run(proc.pid, token, signal.SIGKILL)
+            stdout, stderr = proc.communicate(timeout=60)
+        signal_run(proc.pid, token, signal.SIGKILL)
         pytest.fail(
             f"`paperscale {' '.join(args[:1])}` ran past {timeout:g} s; its processes' "
             f"tracebacks:\n{stdout[-2000:]}\n{stderr[-12000:]}"
         )
-    _signal_group(proc.pid, signal.SIGKILL)
+    signal_run(proc.pid, token, signal.SIGKILL)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+RUN_TOKEN = "PAPERSCALE_TEST_RUN"
+
+
+def signal_run(pgid: int, token: str, sig: int) -> None:
+    """`sig` to the command's process group and to every process whose environment holds
+    RUN_TOKEN=token: torchrun starts each rank in a session of its own, out of the group's
+    reach, and a rank's loader workers follow it there."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+    marker = f"{RUN_TOKEN}={token}".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes().split(b"\0"):
+                os.kill(int(environ.parent.name), sig)
+        except (OSError, ValueError):
+            continue  # gone, or not ours to read
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,39 @@
+"""The suite's runner for the CLI ends every process a command started, also those that left
+its process group (torchrun puts each rank in a session of its own)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from tests.integration.conftest import RUN_TOKEN, signal_run
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_signal_run_reaches_a_process_in_another_session() -> None:
+    token = uuid.uuid4().hex
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    # in a session of its own, as torchrun starts a rank; and an unrelated one without the token
+    ours = subprocess.Popen(sleeper, env={**os.environ, RUN_TOKEN: token}, start_new_session=True)
+    other = subprocess.Popen(sleeper, start_new_session=True)
+    try:
+        signal_run(os.getpgid(other.pid) + 10**7, token, signal.SIGKILL)  # a group that is none
+        assert ours.wait(timeout=30) == -signal.SIGKILL
+        time.sleep(0.2)
+        assert _alive(other.pid)
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait(timeout=30)
