@@ -161,6 +161,22 @@ class TokenBatchStream:
 
     # -- iteration ---------------------------------------------------------------------------
 
+    def _worker_loader(self, positions: list[WorkerPosition]) -> DataLoader:
+        """A DataLoader whose `num_workers` spawned workers produce from `positions` on."""
+        return DataLoader(
+            WorkerDataset(self._ctx, positions, self._next, self._closing_event()),
+            batch_size=None,
+            num_workers=self.cfg.num_workers,
+            collate_fn=_identity,
+            worker_init_fn=ignore_stop_signals,
+            multiprocessing_context=WORKER_START,
+            prefetch_factor=2,
+            pin_memory=self.pin_memory,
+            # Its own generator: creating the iterator must not draw from the global torch
+            # RNG, which the trainer restores on resume (dropout must continue exactly).
+            generator=torch.Generator().manual_seed(self.cfg.seed),
+        )
+
     def __iter__(self) -> Iterator[Batch]:
         """Batches from the current position on (a new iterator continues where the last
         delivered batch left off)."""
@@ -168,23 +184,9 @@ class TokenBatchStream:
         if self.cfg.num_workers == 0:
             items: Any = produce(self._ctx, 0, self._ctx.slot0, positions[0])
         else:
-            with stop_signals_held():  # its semaphores register with the resource tracker
-                closing = self._closing_event()
-            loader = DataLoader(
-                WorkerDataset(self._ctx, positions, self._next, closing),
-                batch_size=None,
-                num_workers=self.cfg.num_workers,
-                collate_fn=_identity,
-                worker_init_fn=ignore_stop_signals,
-                multiprocessing_context=WORKER_START,
-                prefetch_factor=2,
-                pin_memory=self.pin_memory,
-                # Its own generator: creating the iterator must not draw from the global torch
-                # RNG, which the trainer restores on resume (dropout must continue exactly).
-                generator=torch.Generator().manual_seed(self.cfg.seed),
-            )
+            # the workers start, and the closing Event registers with the resource tracker
             with stop_signals_held():
-                items = iter(loader)  # starts the workers
+                items = iter(self._worker_loader(positions))
         for item in items:
             self._positions[item.worker] = item.pos
             self._next = (item.worker + 1) % self.num_workers

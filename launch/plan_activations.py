@@ -7,12 +7,8 @@ Pure arithmetic on the model's shapes (no torch), checked against what autograd 
 
 from __future__ import annotations
 
+from launch.plan_save import weight_bytes
 from model.config import LOSS_CHUNK_ELEMENTS, ModelConfig
-
-
-def _activation_size(precision: str) -> int:
-    """Bytes of one activation element: 4 in fp32 training, 2 in bf16/fp16."""
-    return 4 if precision == "fp32" else 2
 
 
 def activation_bytes_per_token(
@@ -39,7 +35,7 @@ def activation_bytes_per_token(
     Attention dropout > 0 would make SDPA fall back to the math kernel that saves (h, S, S)
     scores; it is off in every preset and not counted.
     """
-    a = _activation_size(precision)
+    a = weight_bytes(precision)
     d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
     assert cfg.vocab_size is not None
     enc_layer = (9 * d + f) * a + 2 * d + 4 * h + 16
@@ -71,7 +67,7 @@ def loss_workspace_bytes(
     """
     if compiled:
         return 0.0
-    a = _activation_size(precision)
+    a = weight_bytes(precision)
     assert cfg.vocab_size is not None
     c, vd = LOSS_CHUNK_ELEMENTS, cfg.vocab_size * cfg.d_model
     return float(4 * vd + max(8 * c, a * c + a * vd))
@@ -88,7 +84,7 @@ def per_token_bytes(
     """
     t = activation_bytes_per_token(cfg, precision, compiled)
     if checkpointing:
-        layer_inputs = cfg.d_model * _activation_size(precision)
+        layer_inputs = cfg.d_model * weight_bytes(precision)
         layer_inputs *= cfg.encoder_layers + cfg.decoder_layers
         layers = layer_inputs + max(t["encoder_layer"], t["decoder_layer"])
     else:
