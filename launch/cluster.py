@@ -41,6 +41,9 @@ class ClusterProfile:
     cpus_per_task: int | None = None  # CPUs of the one task per node (all its ranks)
     mem: str | None = None  # memory per node, e.g. "64G"; "0" is all of it
     signal_seconds: int = 90  # USR1 this long before the time limit: save and requeue
+    # The c10d rendezvous port on the first node. 0: a port free there, chosen for every try;
+    # a number (a firewall's opening): that port first, free ones if it fails.
+    rendezvous_port: int = 0
     python: str | None = None  # interpreter on the nodes; default: the one running `submit`
     setup: list[str] = field(default_factory=list)  # shell lines first, e.g. "module load cuda"
     env: dict[str, str] = field(default_factory=dict)  # exported before training starts
@@ -57,6 +60,8 @@ class ClusterProfile:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 out.append((key, f"must be a positive integer, got {value!r}"))
+        if not 0 <= self.rendezvous_port <= 65535:
+            out.append(("rendezvous_port", f"must be 0 or a TCP port, got {self.rendezvous_port}"))
         if self.gpus_per_node < 0:
             out.append(("gpus_per_node", f"must be >= 0, got {self.gpus_per_node}"))
         for key in ("procs_per_node", "cpus_per_task"):

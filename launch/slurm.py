@@ -73,7 +73,7 @@ def node_tasks_line(run: RunDir, profile: ClusterProfile, step: list[str]) -> st
     if profile.cpus_per_task:
         srun.append(f"--cpus-per-task={profile.cpus_per_task}")
     node = [*map(q, step), "node", "--run-dir", q(str(run.root)), f"--nnodes={profile.nodes}"]
-    node.append(f"--nproc-per-node={profile.ranks_per_node()}")
+    node += [f"--nproc-per-node={profile.ranks_per_node()}", '--try="$tries"']
     return " ".join([*srun, *node]) + " &"
 
 
@@ -87,6 +87,9 @@ def batch_script(
     run = RunDir(run_dir)
     step = [python, "-m", "launch.slurm_job"]
     on_run = ["--run-dir", q(str(run_dir))]
+    port = [*map(q, step), "port", '--try="$tries"']
+    if profile.rendezvous_port:
+        port.append(f"--fixed={profile.rendezvous_port}")
     lines = [
         "#!/bin/bash",
         f"# Written by `paperscale submit` (cluster profile {profile.name!r}) for the run in",
@@ -107,9 +110,18 @@ def batch_script(
         " ".join([*map(q, step), "check", *on_run]) + " || exit $?",
         f"rm -f {q(str(run.summary))}",
         "",
-        "# one task per node: torchrun with --nproc_per_node ranks",
-        node_tasks_line(run, profile, step),
+        *SCRIPT_RENDEZVOUS,
+        '    MASTER_PORT="$(' + " ".join(port) + ')" || exit $?',
+        "    export MASTER_PORT",
+        "    # one task per node: torchrun with --nproc_per_node ranks",
+        "    " + node_tasks_line(run, profile, step),
         *SCRIPT_WAIT,
+        "    "
+        + " ".join([*map(q, step), "startup-failed", *on_run, '--try="$tries"'])
+        + " || break",
+        "done",
+        "",
+        *SCRIPT_OUTCOME,
         "    " + " ".join([*map(q, step), "outcome", *on_run]),
         *SCRIPT_REQUEUE,
     ]
@@ -121,24 +133,35 @@ def batch_script(
 
 
 SCRIPT_SIGNALS = [
-    "# c10d rendezvous of torchrun on the first node of the allocation",
+    "# c10d rendezvous of torchrun on the first node of the allocation, where this shell runs",
     'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
-    "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
-    "export MASTER_ADDR MASTER_PORT",
+    "export MASTER_ADDR",
     "",
     "# USR1 (Slurm's warning before the time limit, or `scancel --signal=USR1 --batch`)",
     "# goes on to the tasks: every rank finishes its step, saves and exits, and the job is",
     "# requeued. TERM (scancel) ends the job without a requeue.",
     "step=",
     "requeue=1",
-    'trap \'[ -n "$step" ] && kill -USR1 "$step" 2>/dev/null\' USR1',
-    'trap \'requeue=0; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null\' TERM',
+    "stopping=0",
+    'trap \'stopping=1; [ -n "$step" ] && kill -USR1 "$step" 2>/dev/null\' USR1',
+    'trap \'requeue=0; stopping=1; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null\' TERM',
+]
+SCRIPT_RENDEZVOUS = [
+    "# Each try rendezvouses on a port that is free on this node when it starts (never one",
+    "# derived from the job id: a requeued attempt, another job or another program may hold",
+    "# that); a try that fails before any rank started is tried again on a new port.",
+    "tries=0",
+    "while :; do",
+    "    tries=$((tries + 1))",
 ]
 SCRIPT_WAIT = [
-    "step=$!",
-    'while kill -0 "$step" 2>/dev/null; do wait "$step"; done',
-    'wait "$step"; rc=$?',
-    "",
+    "    step=$!",
+    '    while kill -0 "$step" 2>/dev/null; do wait "$step"; done',
+    '    wait "$step"; rc=$?',
+    "    step=",
+    '    [ "$rc" -ne 0 ] && [ "$stopping" -eq 0 ] || break',
+]
+SCRIPT_OUTCOME = [
     "# torchrun's workers exit 0; the run's summary.json has its exit code: 75 when the",
     "# ranks saved a checkpoint and stopped on a signal. Then, unless the job is being",
     "# cancelled, requeue it; the requeued job resumes from that checkpoint.",

@@ -7,6 +7,9 @@ exits 2 with one line in the job's log on a bad one, so that the job fails at on
 the allocation, whose workers run `paperscale train`. SIGUSR1 and SIGTERM go on to the workers
 (torchrun itself would die on USR1), which finish their step, save and exit.
 
+`port` and `startup-failed` (batch shell): the rendezvous port of each try, and whether a try
+failed before any rank started, so that it is tried again on a new port (launch/rendezvous.py).
+
 `outcome` (batch shell, after the tasks ended): exits with the run's exit code as its
 summary.json tells it (torchrun's workers themselves exit 0): 75 when the ranks saved a
 checkpoint and stopped on a signal, whereupon the batch shell requeues the job; the code of a
@@ -23,7 +26,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 from launch.local import TORCHRUN_SIGNALS
@@ -112,9 +118,22 @@ def record_stop_signals() -> list[int]:
     return received
 
 
-def run_torchrun_resending(command: list[str], env: dict[str, str], received: list[int]) -> int:
+@dataclass
+class TorchrunResult:
+    """How torchrun ended: its exit code, whether it ever started a rank, and the last lines
+    it (or a rank) wrote to stderr."""
+
+    returncode: int
+    ranks_started: bool
+    stderr_tail: list[str]
+
+
+def run_torchrun_resending(
+    command: list[str], env: dict[str, str], received: list[int]
+) -> TorchrunResult:
     """Run torchrun; each signal in `received` (see `record_stop_signals`) goes to the workers,
-    again every RESEND_EVERY_S seconds until torchrun exits.
+    again every RESEND_EVERY_S seconds until torchrun exits. Its stderr passes through to ours
+    (the job's log), its last lines kept for saying why a start failed.
 
     Slurm delivers a step's signals to every process of the step, torchrun included, which
     USR1 would kill and TERM would make kill its workers: torchrun is started with USR1, TERM
@@ -125,25 +144,50 @@ def run_torchrun_resending(command: list[str], env: dict[str, str], received: li
     """
     from launch.local import child_pids, ignore_stop_signals
 
-    proc = subprocess.Popen(command, env=env, preexec_fn=ignore_stop_signals)
-    sent_at = 0.0
+    proc = subprocess.Popen(
+        command, env=env, preexec_fn=ignore_stop_signals, stderr=subprocess.PIPE
+    )
+    tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+    copier = threading.Thread(target=copy_stderr, args=(proc, tail), daemon=True)
+    copier.start()
+    sent_at, started = 0.0, False
     while proc.poll() is None:
+        workers = child_pids(proc.pid)
+        started = started or bool(workers)
         if received and time.monotonic() - sent_at >= RESEND_EVERY_S:
             sent_at = time.monotonic()
-            for pid in child_pids(proc.pid):
+            for pid in workers:
                 for sig in sorted(set(received)):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, sig)
         time.sleep(0.1)
-    return proc.returncode
+    copier.join(timeout=5)
+    return TorchrunResult(proc.returncode, started, list(tail))
 
 
-def node(run_dir: Path, nnodes: int, nproc_per_node: int, received: list[int]) -> int:
+STDERR_TAIL_LINES = 200
+
+
+def copy_stderr(proc: subprocess.Popen, tail: deque[str]) -> None:
+    """torchrun's stderr to ours, line by line, keeping the last lines in `tail`."""
+    assert proc.stderr is not None
+    out = sys.stderr.buffer
+    for line in iter(proc.stderr.readline, b""):
+        out.write(line)
+        out.flush()
+        tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+
+
+def node(
+    run_dir: Path, nnodes: int, nproc_per_node: int, attempt_try: int, received: list[int]
+) -> int:
     from launch.config import load_config
     from launch.local import child_env, use_cuda
+    from launch.rendezvous import first_error, record_startup_failure
 
     ctx = slurm_context()
-    job = load_config(RunDir(run_dir).config, [f"run.dir={run_dir}"])
+    run = RunDir(run_dir)
+    job = load_config(run.config, [f"run.dir={run_dir}"])
     endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     command = torchrun_command(
         sys.executable,
@@ -151,7 +195,7 @@ def node(run_dir: Path, nnodes: int, nproc_per_node: int, received: list[int]) -
         nnodes,
         nproc_per_node,
         endpoint,
-        rdzv_id=f"{ctx['job_id']}-{ctx['restart']}",
+        rdzv_id=f"{ctx['job_id']}-{ctx['restart']}-{attempt_try}",
         is_host=ctx["node_id"] == "0",
         grace_s=job.train.stop_grace_s,
     )
@@ -160,7 +204,37 @@ def node(run_dir: Path, nnodes: int, nproc_per_node: int, received: list[int]) -
         f"torchrun with {nproc_per_node} ranks, rendezvous at {endpoint}",
         flush=True,
     )
-    return run_torchrun_resending(command, child_env(use_cuda(job.train.device)), received)
+    result = run_torchrun_resending(command, child_env(use_cuda(job.train.device)), received)
+    if result.returncode != 0 and not result.ranks_started:
+        reason = first_error(result.stderr_tail) or f"torchrun exited {result.returncode}"
+        record_startup_failure(
+            run, ctx["job_id"], ctx["restart"], attempt_try, ctx["node_id"], reason
+        )
+    return result.returncode
+
+
+def port(attempt_try: int, fixed_port: int) -> int:
+    from launch.rendezvous import port_for_try
+
+    print(port_for_try(attempt_try, fixed_port), flush=True)
+    return 0
+
+
+def startup_failed(run_dir: Path, attempt_try: int) -> int:
+    """Exit 0 (try again) when try `attempt_try` failed before any rank started and tries are
+    left; else 1. Says which in one line when the start failed."""
+    from launch.rendezvous import TRIES, startup_failure_line
+
+    ctx = slurm_context()
+    endpoint = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    retry = attempt_try < TRIES
+    line = startup_failure_line(
+        RunDir(run_dir), ctx["job_id"], ctx["restart"], attempt_try, endpoint, retry
+    )
+    if line is None:
+        return 1
+    print(line, file=sys.stderr, flush=True)
+    return 0 if retry else 1
 
 
 def outcome(run_dir: Path) -> int:
@@ -179,15 +253,26 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--run-dir", required=True)
     n.add_argument("--nnodes", type=int, required=True)
     n.add_argument("--nproc-per-node", type=int, required=True)
+    n.add_argument("--try", dest="attempt_try", type=int, default=1)
     s = sub.add_parser("outcome", help="exit with the code summary.json gives (75: requeue)")
     s.add_argument("--run-dir", required=True)
+    o = sub.add_parser("port", help="the rendezvous port of a try (batch shell, first node)")
+    o.add_argument("--try", dest="attempt_try", type=int, required=True)
+    o.add_argument("--fixed", type=int, default=0, help="the profile's rendezvous_port")
+    f = sub.add_parser("startup-failed", help="exit 0 when a try failed to start: try again")
+    f.add_argument("--run-dir", required=True)
+    f.add_argument("--try", dest="attempt_try", type=int, required=True)
     args = p.parse_args(argv)
+    if args.step == "port":
+        return port(args.attempt_try, args.fixed)
     run_dir = Path(args.run_dir)
     if args.step == "check":
         return check(run_dir)
     if args.step == "outcome":
         return outcome(run_dir)
-    return node(run_dir, args.nnodes, args.nproc_per_node, received)
+    if args.step == "startup-failed":
+        return startup_failed(run_dir, args.attempt_try)
+    return node(run_dir, args.nnodes, args.nproc_per_node, args.attempt_try, received)
 
 
 if __name__ == "__main__":

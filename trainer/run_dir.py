@@ -11,6 +11,7 @@ RUN/model/  RUN/averageK/       exports (trainer/export.py)
 RUN/hf/  RUN/ct2-<quantization>/   Transformers and CTranslate2 exports (trainer/serve/)
 RUN/eval_<split>.json  RUN/<split>.hyp.txt   `evaluate`'s scores and translations
 RUN/job.sbatch  RUN/slurm.json  RUN/logs/slurm-<jobid>.out   `submit`
+RUN/logs/startup-failed-<jobid>.<restart>.<try>-node<n>.txt   a torchrun that started no rank
 RUN/checkpoints/step_00000100/  DeepSpeed's files, meta.json, rank_00000.pt ..., complete
 RUN/checkpoints/latest          the tag of the newest complete checkpoint (written last)
 RUN/checkpoints/universal/<tag>/  the tag converted for another number of ranks
@@ -245,6 +246,14 @@ class RunDir:
 
     def slurm_log(self, job_id: str) -> Path:
         return self.logs / f"slurm-{job_id}.out"
+
+    def startup_failure(self, job_id: str, restart: str, attempt_try: int, node_id: str) -> Path:
+        """Why torchrun on node `node_id` ended before starting a rank, in try `attempt_try`
+        of restart `restart` of job `job_id` (launch/rendezvous.py)."""
+        return self.logs / f"startup-failed-{job_id}.{restart}.{attempt_try}-node{node_id}.txt"
+
+    def startup_failures(self, job_id: str, restart: str, attempt_try: int) -> list[Path]:
+        return sorted(self.logs.glob(f"startup-failed-{job_id}.{restart}.{attempt_try}-node*.txt"))
 
     def read_summary(self) -> dict[str, Any] | None:
         """summary.json, or None when it is missing or unreadable (a run that never ended)."""

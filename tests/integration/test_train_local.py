@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@contextlib.contextmanager
+def held_port(port: int) -> Iterator[int]:
+    """Listen on `port` (or on a free one where something else has it already)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            sock.bind(("", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
 
 
 def test_two_ranks_train_resume_translate_evaluate(synthetic_data: Path, tmp_path: Path) -> None:
@@ -37,7 +52,11 @@ def test_two_ranks_train_resume_translate_evaluate(synthetic_data: Path, tmp_pat
         "train.save_every=4",
         "train.bleu_samples=16",
     ]
-    proc = paperscale(*common, "train.max_steps=8", cwd=tmp_path)
+    # torch's default port and the environment's MASTER_PORT are taken: the local launcher's
+    # rendezvous (and the ranks' process group) use free ports, not fixed ones
+    with held_port(29500) as port:
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        proc = paperscale(*common, "train.max_steps=8", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     records = metrics(run_dir)

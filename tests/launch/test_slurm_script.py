@@ -54,12 +54,13 @@ def test_script_runs_one_task_per_node_with_torchrun_ranks(nodes: int, gpus: int
     assert ("#SBATCH --gpus-per-node=" in text) == bool(gpus)
     if gpus:
         assert f"#SBATCH --gpus-per-node={gpus}\n" in text
-    (srun,) = [line for line in text.splitlines() if line.startswith("srun ")]
+    (srun,) = [line.strip() for line in text.splitlines() if line.strip().startswith("srun ")]
     assert f"--nodes={nodes} --ntasks={nodes} --ntasks-per-node=1" in srun
     assert "--cpus-per-task=8" in srun
-    assert f"launch.slurm_job node --run-dir /runs/r --nnodes={nodes} --nproc-per-node={ranks}" in (
-        srun
-    )
+    assert (
+        f"launch.slurm_job node --run-dir /runs/r --nnodes={nodes} --nproc-per-node={ranks} "
+        '--try="$tries"'
+    ) in srun
     assert srun.endswith(" &")  # in the background, so the shell's traps can run
     assert 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"' in text
     assert text.index("launch.slurm_job check") < text.index("srun ")
@@ -86,7 +87,7 @@ def test_signal_requeue_and_log_lines(tmp_path: Path) -> None:
         "#SBATCH --time=1-00:00:00",
         f"#SBATCH --output={tmp_path}/run/logs/slurm-%j.out",
         "#SBATCH --chdir=/work",
-        """trap '[ -n "$step" ] && kill -USR1 "$step" 2>/dev/null' USR1""",
+        """trap 'stopping=1; [ -n "$step" ] && kill -USR1 "$step" 2>/dev/null' USR1""",
         '    scontrol requeue "$SLURM_JOB_ID"',
     ):
         assert line + "\n" in text, line
@@ -94,7 +95,10 @@ def test_signal_requeue_and_log_lines(tmp_path: Path) -> None:
     # summary.json says), and not when the job is being cancelled (TERM)
     assert "    /venv/bin/python -m launch.slurm_job outcome --run-dir " in text
     assert 'if [ "$rc" -eq 75 ] && [ "$requeue" -eq 1 ]; then' in text
-    assert """trap 'requeue=0; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null' TERM""" in text
+    assert (
+        """trap 'requeue=0; stopping=1; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null' TERM"""
+        in text
+    )
     assert text.index("trap ") < text.index("launch.slurm_job check")
     assert (
         text.index("slurm_job outcome")

@@ -10,6 +10,7 @@ namespace (its own host name), so that a multi-node job really talks over a netw
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -26,12 +27,29 @@ PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 DAEMONS = ["/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd"]
 
 
+INSTALL_LOCK = Path("/tmp/paperscale-slurm-install.lock")
+
+
+def installed() -> bool:
+    return all(Path(d).exists() for d in DAEMONS) and shutil.which("sbatch") is not None
+
+
 def ensure_installed(log: list[str]) -> float:
-    """Install Slurm and munge through apt when missing; returns the seconds it took."""
-    if all(Path(d).exists() for d in DAEMONS) and shutil.which("sbatch"):
+    """Install Slurm and munge through apt when missing; returns the seconds it took. Test
+    processes that need it at the same time install it one after another (apt holds a lock
+    of its own and fails the second instead of waiting)."""
+    if installed():
         return 0.0
     if os.geteuid() != 0:
         raise RuntimeError("Slurm is not installed and installing it needs root (apt-get)")
+    with INSTALL_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if installed():
+            return 0.0
+        return _install(log)
+
+
+def _install(log: list[str]) -> float:
     started = time.monotonic()
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]
@@ -64,6 +82,10 @@ class LocalSlurm:
         self.namespaces: list[str] = []
         self.links: list[str] = []
         self.tag = f"{os.getpid() % 100000}"
+        # Job ids of this cluster start here, so that clusters started by concurrent test
+        # processes on one host never hand out the same ids at the same time.
+        self.first_job_id = 1000 + (os.getpid() % 10000) * 100 + 50 * bool(netns_nodes)
+        self.held: dict[int, socket.socket] = {}  # listening sockets of hold_ports()
         self.subnet = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
         self.nodes: list[str] = []
 
@@ -141,6 +163,7 @@ class LocalSlurm:
             (d / "spool" / name).mkdir()
         lines = [
             "ClusterName=paperscale",
+            f"FirstJobId={self.first_job_id}",
             f"SlurmctldHost={host}({ctld_addr})",
             f"SlurmctldPort={free_port()}",
             f"SlurmdPort={free_port()}",
@@ -259,6 +282,20 @@ class LocalSlurm:
                 out.append(f"--- {path.name}\n{path.read_text()[-tail:]}")
         return "\n".join(out)
 
+    def hold_ports(self, ports: list[int]) -> list[int]:
+        """Listen on each port (all addresses) until `stop()`, as another program would;
+        returns those of `ports` held now (one that something else holds is left to it)."""
+        for port in ports:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("", port))
+                sock.listen()
+            except OSError:
+                sock.close()
+                continue
+            self.held[port] = sock
+        return [p for p in ports if p in self.held]
+
     # ------------------------------------------------------------------------- tear-down
 
     def stop(self) -> None:
@@ -279,4 +316,6 @@ class LocalSlurm:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
         for link in self.links:
             subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=30)
+        for sock in self.held.values():
+            sock.close()
         shutil.rmtree(self.dir, ignore_errors=True)

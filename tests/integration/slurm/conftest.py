@@ -20,17 +20,29 @@ from tests.integration.conftest import cli_env
 from tests.integration.slurm.cluster import LocalSlurm, ensure_installed
 
 ROOT = Path(__file__).resolve().parents[3]
+JOB_ID_PORTS = 40
+
+
+def job_id_port(job_id: int) -> int:
+    """The rendezvous port that job ids once gave (20000 + id % 20000): a port that another
+    job, an earlier attempt of the same job or any other program could hold."""
+    return 20000 + job_id % 20000
 
 
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[LocalSlurm]:
+    """The cluster, with the job-id ports of its first JOB_ID_PORTS jobs held by listening
+    sockets for the whole session: every job of the tests rendezvouses beside a held one."""
     notes: list[str] = []
     ensure_installed(notes)
     cluster = LocalSlurm()
     started = time.monotonic()
     try:
         cluster.start()
+        ids = range(cluster.first_job_id, cluster.first_job_id + JOB_ID_PORTS)
+        held = cluster.hold_ports([job_id_port(i) for i in ids])
         notes.append(f"local Slurm up in {time.monotonic() - started:.1f} s")
+        notes.append(f"{len(held)} job-id ports held")
         print("; ".join(notes), file=sys.stderr)
         yield cluster
     finally:

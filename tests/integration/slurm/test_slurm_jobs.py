@@ -18,7 +18,14 @@ import pytest
 
 from tests.integration.conftest import TINY_MODEL, cli_env
 from tests.integration.slurm.cluster import LocalSlurm
-from tests.integration.slurm.conftest import finished, job_fields, submit, submitted_job, wait_for
+from tests.integration.slurm.conftest import (
+    finished,
+    job_fields,
+    job_id_port,
+    submit,
+    submitted_job,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one local Slurm
@@ -63,6 +70,11 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in metrics(run_dir) if r.get("loss") is not None}
 
 
+def rendezvous_ports(log_text: str) -> list[int]:
+    """The port of every try's rendezvous, in order, as the node tasks logged them."""
+    return [int(p) for p in re.findall(r"rendezvous at \S+:(\d+)\n", log_text)]
+
+
 def wandb_ids(run_dir: Path) -> list[str]:
     """One entry per wandb run directory (one per start of the job): the run id of each."""
     return [p.name.rsplit("-", 1)[1] for p in sorted(run_dir.glob("wandb/offline-run-*"))]
@@ -92,6 +104,10 @@ def test_submitted_job_trains_to_completion(
     assert (run_dir / "config.yaml").is_file()
     text = log.read_text()
     assert f"slurm job {job_id} (restart 0)" in text and "summary: " in text
+    # the port job ids used to give is held by another program all along: not used
+    assert job_id_port(int(job_id)) in slurm.held
+    (port,) = rendezvous_ports(text)
+    assert port not in slurm.held and "failed before any rank started" not in text
     assert [r["step"] for r in metrics(run_dir) if "loss" in r] == list(range(1, STEPS + 1))
     assert (run_dir / "checkpoints/latest").read_text().strip() == f"step_{STEPS:08d}"
     assert (run_dir / "model/model.safetensors").is_file()
@@ -140,6 +156,10 @@ def test_preempted_job_requeues_and_matches_the_straight_run(
         "requeued",
         log,
     )
+    # The first attempt's port stays taken (as by its store still shutting down, or by the
+    # next program that grabbed it): the requeued attempt, same job id, must not need it.
+    (first_port,) = rendezvous_ports(log.read_text())
+    assert slurm.hold_ports([first_port]) and first_port in slurm.held
     slurm.wait_idle(120)
     time.sleep(3)
     subprocess.run(
@@ -154,12 +174,47 @@ def test_preempted_job_requeues_and_matches_the_straight_run(
     assert "SIGUSR1 received" in text and f"requeueing job {job_id}" in text
     assert f"slurm job {job_id} (restart 1)" in text
     assert f"at step {stopped}" in text  # resumed from the checkpoint the signal saved
+    assert rendezvous_ports(text)[0] == first_port and len(rendezvous_ports(text)) == 2
+    assert "failed before any rank started" not in text
 
     straight, resumed = losses(straight_run[0]), losses(run_dir)
     assert sorted(resumed) == list(range(1, STEPS + 1))
     assert [resumed[s] for s in sorted(resumed)] == [straight[s] for s in sorted(straight)]
     ids = wandb_ids(run_dir)
     assert len(ids) == 2 and len(set(ids)) == 1, ids  # two starts, one wandb run
+
+
+@pytest.mark.timeout(420)
+def test_a_taken_rendezvous_port_costs_one_try_not_the_job(
+    slurm: LocalSlurm, synthetic_data: Path, tmp_path: Path
+) -> None:
+    """A profile's fixed rendezvous port that another program holds: the first try fails
+    before any rank starts, says so in one line, and the job trains on a new port."""
+    (taken,) = slurm.hold_ports([job_id_port(slurm.first_job_id + 999)])
+    profile = tmp_path / "fixed-port.yaml"
+    profile.write_text(
+        (ROOT / "configs/clusters/local.yaml").read_text() + f"rendezvous_port: {taken}\n"
+    )
+    run_dir = tmp_path / "run"
+    proc = submit(
+        slurm,
+        "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", str(profile),
+        "--run-dir", str(run_dir), f"data.dir={synthetic_data}", *TINY_MODEL,
+        "train.max_steps=3", "train.eval_every=0", "train.bleu_samples=4",
+        "logging.wandb=disabled", "logging.tensorboard=false", "logging.report=false",
+        cwd=tmp_path,
+    )  # fmt: skip
+    job_id = submitted_job(proc)
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    fields = wait_for(slurm, job_id, finished, 360, "finished", log)
+    text = log.read_text()
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "0", (fields, text[-3000:])
+    ports = rendezvous_ports(text)
+    assert len(ports) == 2 and ports[0] == taken and ports[1] not in slurm.held, ports
+    (line,) = [x for x in text.splitlines() if "failed before any rank started" in x]
+    assert line.startswith("paperscale: rendezvous at ") and f":{taken} failed" in line
+    assert "EADDRINUSE" in line and line.endswith("trying again on a new port (try 2 of 3)")
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
 
 
 @pytest.mark.timeout(300)
