@@ -30,6 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import add_output_arguments, row, write_rows
+from trainer.safe_load import forbid_code_in_checkpoints
 
 
 def build(optimizer: str) -> Any:
@@ -76,6 +77,7 @@ def drift(optimizer: str, rng_from: str, work: Path, rank: int, half: int = 3) -
     ckpt = work / f"{optimizer}-{rng_from}"
     engine.save_checkpoint(str(ckpt), tag="t", client_state={"rng": own_rng})
     engine = build(optimizer)
+    forbid_code_in_checkpoints()  # as every load of the trainer
     _, client = engine.load_checkpoint(str(ckpt), tag="t")
     torch.set_rng_state(client["rng"] if rng_from == "client_state" else own_rng)
     resumed = first + run(engine, range(half, 2 * half), rank)

@@ -36,6 +36,7 @@ from trainer.checkpoint import (
     write_error,
 )
 from trainer.run_dir import CheckpointDir, tag_for
+from trainer.safe_load import forbid_code_in_checkpoints
 from trainer.state import RankStateful, TrainState
 
 # what a first save is assumed to write per second (later saves use the measured time)
@@ -199,7 +200,9 @@ class CheckpointManager:
     def restore(self, tag: str) -> None:
         """Load the engine (model, optimizer, scheduler), the train state and every per-rank
         state from checkpoint `tag` (converted to the universal format beforehand when the
-        world size changed: the engine was built with `load_universal`)."""
+        world size changed: the engine was built with `load_universal`). Every file is read
+        weights-only (trainer/safe_load.py), DeepSpeed's own loads included."""
+        forbid_code_in_checkpoints()
         load_dir = self.ckpts.root
         if self.engine.load_universal_checkpoint():
             load_dir = self.ckpts.universal_root

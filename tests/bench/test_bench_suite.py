@@ -354,6 +354,15 @@ sys.exit(suite.command_line(["--work-dir", str(work), "--results", str(work / "R
 """
 
 
+def terminal_signals() -> None:
+    """In the child before exec: the signal dispositions and mask of a shell's command (INT and
+    TERM at their defaults, none blocked), whatever the test process inherited or was left
+    with, so that Python installs its KeyboardInterrupt handler."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 def _gone(pid: int) -> bool:
     """No such process, or only its zombie (nobody left to reap it)."""
     try:
@@ -370,7 +379,9 @@ def test_stopping_the_suite_stops_the_running_bench(sig: signal.Signals, tmp_pat
     or by TERM (a job's time limit), instead of leaving it running."""
     pid_file = tmp_path / "sleeper.pid"
     proc = subprocess.Popen(
-        [sys.executable, "-c", STOPPED_SUITE, str(pid_file), str(tmp_path / "work")], cwd=ROOT
+        [sys.executable, "-c", STOPPED_SUITE, str(pid_file), str(tmp_path / "work")],
+        cwd=ROOT,
+        preexec_fn=terminal_signals,
     )
     try:
         deadline = time.monotonic() + 60
