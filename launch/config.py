@@ -16,7 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from data_pipeline.config import DataConfig
 from model.config import ModelConfig
-from trainer.config import LoggingConfig, OptimConfig, TrainConfig
+from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfig
 
 
 class ConfigError(ValueError):
@@ -42,6 +42,7 @@ class JobConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def run_dir(self) -> Path:
@@ -93,6 +94,7 @@ def validate(job: JobConfig) -> None:
         "optim": job.optim,
         "train": job.train,
         "logging": job.logging,
+        "profile": job.profile,
     }
     for name, section in sections.items():
         problems = section.problems()

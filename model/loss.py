@@ -34,6 +34,7 @@ def label_smoothed_loss(
     return loss_sum, nll_sum, keep.sum()
 
 
+PROFILE_REGION = "paperscale.loss"  # the loss's name in a profiler trace (trainer/step_time.py)
 CHUNK_ELEMENTS = LOSS_CHUNK_ELEMENTS  # logits per chunk (a module global: tests change it)
 
 
@@ -109,6 +110,7 @@ def chunked_label_smoothed_loss(
         # logits in the compute dtype for backward, not the fp32 copy).
         return label_smoothed_loss(F.linear(h, weight), target, epsilon, pad_id)
     b, t, d = h.shape
-    return _ProjectedLabelSmoothedLoss.apply(
-        h.reshape(b * t, d), weight, target.reshape(b * t), epsilon, pad_id
-    )  # (B*T, D) rows
+    with torch.profiler.record_function(PROFILE_REGION):
+        return _ProjectedLabelSmoothedLoss.apply(
+            h.reshape(b * t, d), weight, target.reshape(b * t), epsilon, pad_id
+        )  # (B*T, D) rows

@@ -118,6 +118,29 @@ class TrainConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """A torch.profiler trace of a few steps and the table of where their time went
+    (trainer/profiler.py). Steps are counted from the start of this process."""
+
+    enabled: bool = False
+    wait_steps: int = 5  # steps first left alone (allocator, first shapes, compilation)
+    warmup_steps: int = 1  # recorded and discarded: the profiler's own start-up
+    steps: int = 3  # recorded
+    record_shapes: bool = False  # input shapes of every op in the trace (larger files)
+    with_stack: bool = False  # Python stacks of every op in the trace (much larger files)
+    memory: bool = True  # CUDA: a snapshot of the allocator's history over the recorded steps
+
+    def problems(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        if not _positive_int(self.steps):
+            out.append(("steps", f"must be a positive integer, got {self.steps!r}"))
+        for key in ("wait_steps", "warmup_steps"):
+            if not _non_negative_int(getattr(self, key)):
+                out.append((key, f"must be a non-negative integer, got {getattr(self, key)!r}"))
+        return out
+
+
+@dataclass
 class LoggingConfig:
     """Where metrics go besides the console and metrics.jsonl."""
 

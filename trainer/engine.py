@@ -12,7 +12,7 @@ from data_pipeline.config import DataConfig
 from data_pipeline.tokenizer import Tokenizer
 from model.config import ModelConfig
 from model.transformer import Transformer
-from trainer.config import LoggingConfig, OptimConfig, TrainConfig
+from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfig
 from trainer.dist import DistEnv
 from trainer.ds_config import build_ds_config
 from trainer.schedule import build_scheduler
@@ -28,6 +28,7 @@ class Job(Protocol):
     optim: OptimConfig
     train: TrainConfig
     logging: LoggingConfig
+    profile: ProfileConfig
 
 
 def seed_everything(seed: int) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from data_pipeline.loader import TokenBatchStream
 from data_pipeline.manifest import tokenizer_path
@@ -26,6 +27,7 @@ from trainer.evaluate import validation_bleu, validation_loss
 from trainer.export import export_checkpoint
 from trainer.faults import Faults
 from trainer.metrics import MetricsLogger, Throughput, memory_metrics, stderr_warn
+from trainer.profiler import StepProfiler
 from trainer.report import write_report
 from trainer.run_dir import RunDir, tag_for
 from trainer.safe_load import forbid_code_in_checkpoints
@@ -41,6 +43,7 @@ from trainer.step import (
     skipped_counts,
     train_step,
 )
+from trainer.step_time import REGION_DATA
 
 __all__ = ["PrecisionError", "train"]
 
@@ -95,6 +98,7 @@ class Trainer:
             precision=self.cfg.precision, check_space=not self.faults.skip_space_check,
             observers=[self.faults],
         )  # fmt: skip
+        self.profiler = StepProfiler(self.job, settled.precision.precision, run, env)
         self.timer = Throughput()
         self.window = torch.zeros(4, dtype=torch.float64, device=env.device)
         self.window_flops = 0.0  # this rank's training FLOPs since the last log step
@@ -167,9 +171,11 @@ class Trainer:
         non-finite loss travel in the step's one collective, so all ranks see them together.
         A step that a stop request skips or abandons leaves the state of the last one."""
         self.watchdog.arm()
+        self.profiler.step_begins(self.state.step)
         self.faults.step = self.state.step + 1
         before = self.checkpoints.rank_states()  # data position and RNG before this step
-        micro = [next(self.batches) for _ in range(self.cfg.grad_accum)]
+        with record_function(REGION_DATA):
+            micro = [next(self.batches) for _ in range(self.cfg.grad_accum)]
         clock_due = bool(
             self.env.is_main
             and self.cfg.save_every_minutes
@@ -335,6 +341,7 @@ class Trainer:
             summary |= {"exit_code": self.failure[0], "error": self.failure[1]}
             if env.is_main:
                 print(f"paperscale: error: {self.failure[1]}", file=sys.stderr, flush=True)
+        self.profiler.close()
         self.stream.close()
         if self.stopping and env.is_main:
             latest = self.checkpoints.ckpts.latest_tag() or "none (nothing trained yet)"

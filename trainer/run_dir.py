@@ -7,6 +7,7 @@ RUN/metrics.jsonl               one JSON object per logged step / evaluation
 RUN/summary.json                how the last `train` ended (exit code, error, figures)
 RUN/tb/  RUN/wandb/             TensorBoard events, the wandb run
 RUN/report.png                  curves of metrics.jsonl
+RUN/profile/step_<first>-<last>/   `profile.enabled`: traces and tables (trainer/profiler.py)
 RUN/model/  RUN/averageK/       exports (trainer/export.py)
 RUN/hf/  RUN/ct2-<quantization>/   Transformers and CTranslate2 exports (trainer/serve/)
 RUN/eval_<split>.json  RUN/<split>.hyp.txt   `evaluate`'s scores and translations
@@ -51,6 +52,7 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 REPORT = "report.png"
 TENSORBOARD = "tb"
+PROFILE = "profile"
 WANDB = "wandb"
 MODEL = "model"
 JOB_SCRIPT = "job.sbatch"
@@ -199,6 +201,10 @@ class RunDir:
     @property
     def report(self) -> Path:
         return self.root / REPORT
+
+    def profile(self, first_step: int, last_step: int) -> Path:
+        """Where the profiler puts the steps first..last it recorded."""
+        return self.root / PROFILE / f"{TAG_PREFIX}{first_step:08d}-{last_step:08d}"
 
     @property
     def tensorboard(self) -> Path:

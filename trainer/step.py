@@ -8,11 +8,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from data_pipeline.loader import Batch, TokenBatchStream
 from model.config import ModelConfig
 from trainer.dist import DistEnv
 from trainer.flops import step_flops
+from trainer.step_time import REGION_BACKWARD, REGION_FORWARD, REGION_OPTIMIZER
 
 
 @dataclass
@@ -62,13 +64,16 @@ def train_step(
     factor = env.world_size * len(batches) / max(global_tokens, 1.0)
     for i, batch in enumerate(batches):
         batch = batch.to(env.device, non_blocking=True)
-        loss, nll, ntok = engine(
-            batch.src, batch.tgt_in, batch.tgt_out, epsilon, src_padded=batch.src_padded
-        )
-        engine.backward(loss * factor)
+        with record_function(REGION_FORWARD):
+            loss, nll, ntok = engine(
+                batch.src, batch.tgt_in, batch.tgt_out, epsilon, src_padded=batch.src_padded
+            )
+        with record_function(REGION_BACKWARD):
+            engine.backward(loss * factor)
         if abandon is not None and i < len(batches) - 1 and abandon(i):
             return StepResult(sums, agreed, completed=False, micro_batches_run=i + 1)
-        engine.step()
+        with record_function(REGION_OPTIMIZER):
+            engine.step()
         sums[:3] += torch.stack([loss.detach(), nll.detach(), ntok.detach()]).double()
     sums[3] = float(sum(b.n_src_tokens for b in batches))
     return StepResult(sums, agreed, completed=True)
