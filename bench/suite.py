@@ -332,6 +332,16 @@ REGISTRY: tuple[Bench, ...] = (
         smoke_timeout_s=960,
         needs=_needs_cuda,
     ),
+    Bench(
+        "attention",
+        "SDPA kernels side by side: forward + backward ms of each at the demo preset's attention "
+        "shapes, fp32 and (where native) bf16; the figures behind `train.attention: auto`.",
+        ("{python}", "-m", "bench.attention", "--json", "{json}"),
+        ("{python}", "-m", "bench.attention", "--smoke", "--json", "{json}"),
+        ONE_THREAD,
+        timeout_s=1200,
+        smoke_timeout_s=120,
+    ),
 )
 
 

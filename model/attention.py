@@ -20,11 +20,22 @@ the package use the opposite convention (True = pad), matching torch.nn.Transfor
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# `train.attention` names of torch's SDPA kernels (trainer/kernels.py chooses among them)
+SDPA_BACKENDS = {
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
 
 
 @dataclass
@@ -52,6 +63,7 @@ def attention(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
+    backends: Sequence[SDPBackend] | None = None,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d_k)) v for (..., Tq, Dk) queries and (..., Tk, Dk) keys/values.
 
@@ -60,10 +72,13 @@ def attention(
     `attn_mask` is boolean, True = may attend; every query row must allow at least one key
     (`build_attn_mask` guarantees it), otherwise the softmax of that row is NaN. `is_causal`
     (without a mask) lets query i see keys 0..i: the one form the flash kernel takes.
+    `backends`: the SDPA kernels torch may pick from (None: torch's own choice); the kernel
+    chosen for the forward pass also computes the backward.
     """
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
-    )
+    with sdpa_kernel(list(backends)) if backends else nullcontext():
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+        )
 
 
 def build_attn_mask(
@@ -115,6 +130,7 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
+        self.sdpa_backends: tuple[SDPBackend, ...] | None = None  # None: torch's choice
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
@@ -168,6 +184,6 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat([cache.v, v], dim=2)  # (B, H, L + Tq, Dk)
                 cache.k, cache.v = k, v
         p = self.dropout if self.training else 0.0
-        z = attention(q, k, v, attn_mask, p, is_causal)  # (B, H, Tq, Dk)
+        z = attention(q, k, v, attn_mask, p, is_causal, self.sdpa_backends)  # (B, H, Tq, Dk)
         z = z.transpose(1, 2).reshape(b, tq, self.d_model)  # (B, Tq, D)
         return self.out_proj(z)

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from model.config import PAD_ID
+from model.dropout import Dropout
 
 
 def sinusoidal_positions(n_positions: int, d_model: int, offset: int = 0) -> Tensor:
@@ -43,7 +44,7 @@ class TransformerEmbedding(nn.Module):
         self.register_buffer(
             "positions", sinusoidal_positions(max_positions, d_model), persistent=False
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.reset_parameters()
 
     def reset_parameters(self, std: float | None = None) -> None:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from model.attention import KVCache, MultiHeadAttention
 from model.config import ModelConfig
+from model.dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -20,7 +21,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
         self.reset_parameters()
 
     def reset_parameters(self, std: float | None = None) -> None:
@@ -48,7 +49,7 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
         """x (B, S, D), attn_mask (B, 1, S, S) or None -> (B, S, D)."""
@@ -72,7 +73,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.norm3 = nn.LayerNorm(cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(
         self,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend
 from torch.utils.checkpoint import checkpoint
 
 from model.attention import MultiHeadAttention, build_attn_mask
@@ -175,6 +177,12 @@ class Transformer(nn.Module):
             if isinstance(module, (MultiHeadAttention, FeedForward)):
                 module.reset_parameters(std)
         self.embed.reset_parameters(std)
+
+    def set_attention_backends(self, backends: Sequence[SDPBackend] | None) -> None:
+        """The SDPA kernels every attention sublayer may use (None: torch's own choice)."""
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.sdpa_backends = tuple(backends) if backends else None
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
         """Keep only each layer's input in training and recompute the layer in backward:

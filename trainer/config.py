@@ -31,6 +31,7 @@ class OptimConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0
     clip_grad: float = 0.0  # 0 = no clipping (the paper)
+    fused: bool = True  # torch's fused Adam kernel (CUDA and CPU); false: its per-tensor loop
 
     def problems(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -52,6 +53,7 @@ class OptimConfig:
         return out
 
 
+ATTENTION_NAMES = ("auto", "default", "math", "flash", "efficient", "cudnn")  # trainer/kernels.py
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -84,6 +86,9 @@ class TrainConfig:
     # Slurm sends SIGKILL KillWait (default 30) after TERM; a step that would end too late to
     # save in time is abandoned (trainer/signals.py)
     stop_grace_s: float = 30.0
+    # SDPA kernel: auto (trainer/kernels.py's rule for the device and precision) | default
+    # (torch's choice per call) | math | flash | efficient | cudnn
+    attention: str = "auto"
     compile: bool = False  # torch.compile the model's forward (through DeepSpeed's engine.compile)
     compile_mode: str = "default"  # one of COMPILE_MODES (torch.compile's `mode`)
 
@@ -109,6 +114,9 @@ class TrainConfig:
             out.append(("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage!r}"))
         if self.precision not in ("auto", "bf16", "fp16", "fp32"):
             out.append(("precision", f"must be auto, bf16, fp16 or fp32, got {self.precision!r}"))
+        if self.attention not in ATTENTION_NAMES:
+            names = ", ".join(ATTENTION_NAMES)
+            out.append(("attention", f"must be one of {names}, got {self.attention!r}"))
         if self.compile_mode not in COMPILE_MODES:
             modes = ", ".join(COMPILE_MODES)
             out.append(("compile_mode", f"must be one of {modes}, got {self.compile_mode!r}"))

@@ -15,6 +15,7 @@ from model.transformer import Transformer
 from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfig
 from trainer.dist import DistEnv
 from trainer.ds_config import build_ds_config
+from trainer.kernels import resolve_attention, sdpa_backends
 from trainer.schedule import build_scheduler
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -49,10 +50,11 @@ def resolve_model_config(model_cfg: ModelConfig, tokenizer: Tokenizer) -> ModelC
     return model_cfg
 
 
-def adam_kernel(device: torch.device) -> dict[str, bool]:
-    """Adam's implementation: on CUDA the fused kernel (one launch for all parameters instead
-    of a few per tensor); on CPU torch's default, which every CPU checkpoint was trained with."""
-    return {"fused": True} if device.type == "cuda" else {}
+def adam_kernel(fused: bool) -> dict[str, bool]:
+    """Adam's implementation: torch's fused kernel (`optim.fused`, on CUDA and CPU alike: one
+    pass over each parameter instead of a dozen, and one launch for all of them on a GPU), or
+    its per-tensor loop."""
+    return {"fused": True} if fused else {}
 
 
 def compile_for_varying_shapes() -> dict[str, Any]:
@@ -79,13 +81,16 @@ def build_engine(
 
     model = Transformer(model_cfg)
     model.set_activation_checkpointing(job.train.activation_checkpointing)
+    # settle_job has resolved `auto` for a training run; a bench's own engine resolves it here
+    attention = resolve_attention(job.train.attention, env.device.type, job.train.precision)
+    model.set_attention_backends(sdpa_backends(attention.name))
     optimizer = torch.optim.Adam(
         model.parameters(),
         lr=1.0,
         betas=(job.optim.beta1, job.optim.beta2),
         eps=job.optim.eps,
         weight_decay=job.optim.weight_decay,
-        **adam_kernel(env.device),
+        **adam_kernel(job.optim.fused),
     )
     scheduler = build_scheduler(
         optimizer,

@@ -23,6 +23,7 @@ from trainer.checkpointer import saved_setting
 from trainer.dist import DistEnv
 from trainer.engine import PRECISION_DTYPES, Job, resolve_model_config
 from trainer.flops import peak_flops
+from trainer.kernels import resolve_attention
 from trainer.metrics import stderr_warn
 from trainer.precision import PrecisionChoice, resolve_precision, slow_bf16_warning
 from trainer.run_dir import RunDir
@@ -109,6 +110,10 @@ def settle_job(job: Job, run: RunDir, resolved: dict[str, Any], env: DistEnv) ->
     saved = None if tag is None else saved_setting(ckpts, tag, "train", "precision")
     choice = agree_on_precision(job, env, model_cfg, saved)
     job, resolved = with_train(job, resolved, precision=choice.precision)
+    attention = resolve_attention(job.train.attention, env.device.type, choice.precision)
+    if env.is_main and job.train.attention == "auto":
+        print(attention.line("attention", "auto"), flush=True)
+    job, resolved = with_train(job, resolved, attention=attention.name)
     universal = tag is not None and ckpts.saved_world_size(tag) != env.world_size
     if universal:
         assert tag is not None
