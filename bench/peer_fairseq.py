@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.peer_fairseq --fairseq-python .venv-fairseq/bin/python \\
         --corpus corpus/debian-ende [--corpus DIR ...] --work /tmp/bench-peer \\
         [--config configs/tiny.yaml] [--steps 400] [--lockstep-steps 20] [--init-steps 150] \\
-        [--no-controlled] [--smoke] [--json PATH]
+        [--no-controlled] [--precision fp32 --precision auto] [--smoke] [--json PATH]
 
 fairseq lives in its own venv (it pins omegaconf < 2.1 and hydra 1.0): `make fairseq-venv`
 builds `.venv-fairseq` with the same torch and fairseq-fixed 0.12.3.1 from PyPI. Without
@@ -12,7 +12,8 @@ builds `.venv-fairseq` with the same torch and fairseq-fixed 0.12.3.1 from PyPI.
 1. Side by side, per corpus: `paperscale prepare` with the preset's vocabulary; the same pairs,
    pieces and order written for fairseq-preprocess (its dictionary is our sentencepiece
    vocabulary, so the ids are ours but for the four specials); then `paperscale train` of the
-   preset (2 ranks x its accumulation, fp32) and `fairseq-train` of the same model and recipe
+   preset (2 ranks x its accumulation; fp32, and again in `auto`'s precision: bf16 where the
+   CPU has it natively) and `fairseq-train` of the same model and recipe
    (one process with 2 threads, --update-freq = ranks x accumulation, the same --max-tokens),
    --steps steps each, one after the other. Figures: training nll (nats per target token, the
    log window ending there) at the middle and last step, validation nll at the last step,
@@ -216,19 +217,22 @@ def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row
     job, overrides = load_job(args, data)
     steps, mid = args.steps, args.steps // 2
     log_every = math.gcd(LOG_EVERY, mid)
-    ps_run = work / "paperscale"
-    shutil.rmtree(ps_run, ignore_errors=True)  # a new run, not a resumed one
-    ps_s = run(
-        [
-            sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc",
-            str(WORLD), "--run-dir", str(ps_run), *overrides, f"train.max_steps={steps}",
-            "train.precision=fp32", f"train.eval_every={mid}", f"train.log_every={log_every}",
-            "train.save_every=0", "train.bleu_samples=8", "logging.wandb=disabled",
-            "logging.tensorboard=false",
-        ],
-        work / "paperscale.log", {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"},
-    )  # fmt: skip
-    sides = {"paperscale": paperscale_figures(ps_run, mid, steps, ps_s)}
+    sides: dict[str, dict[str, float]] = {}
+    for precision in args.precision:  # fp32 first: fairseq's only precision on a CPU
+        side = "paperscale" if precision == "fp32" else f"paperscale {precision}"
+        ps_run = work / side.replace(" ", "-")
+        shutil.rmtree(ps_run, ignore_errors=True)  # a new run, not a resumed one
+        ps_s = run(
+            [
+                sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc",
+                str(WORLD), "--run-dir", str(ps_run), *overrides, f"train.max_steps={steps}",
+                f"train.precision={precision}", f"train.eval_every={mid}",
+                f"train.log_every={log_every}", "train.save_every=0", "train.bleu_samples=8",
+                "logging.wandb=disabled", "logging.tensorboard=false",
+            ],
+            work / f"{ps_run.name}.log", {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"},
+        )  # fmt: skip
+        sides[side] = paperscale_figures(ps_run, mid, steps, ps_s)
     if args.fairseq_python:
         text, binary = work / "fairseq-text", work / "fairseq-bin"
         export_for_fairseq(data, text, job.data.max_len)
@@ -254,15 +258,18 @@ def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row
         for key, value in figures.items():
             step = mid if key == "train_nll_mid" else steps
             rows.append(row(key, value, units[key], corpus=name, side=side, step=step))
-    if "fairseq" in sides:
-        ps, fs = sides["paperscale"], sides["fairseq"]
+    fs = sides.get("fairseq")
+    for side, ps in sides.items():
+        if fs is None or side == "fairseq":
+            continue
+        ctx = {"corpus": name, "side": side}
         rows.append(row("valid_nll_minus_fairseq", ps["valid_nll"] - fs["valid_nll"],
-                        "nats/token", corpus=name, step=steps))  # fmt: skip
+                        "nats/token", step=steps, **ctx))  # fmt: skip
         rows.append(row("tgt_tokens_per_s_ratio", ps["tgt_tokens_per_s"] / fs["tgt_tokens_per_s"],
-                        "x fairseq", corpus=name))  # fmt: skip
+                        "x fairseq", **ctx))  # fmt: skip
         rows.append(row("job_tgt_tokens_per_s_ratio",
                         ps["job_tgt_tokens_per_s"] / fs["job_tgt_tokens_per_s"], "x fairseq",
-                        corpus=name))  # fmt: skip
+                        **ctx))  # fmt: skip
     return rows
 
 
@@ -449,8 +456,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lockstep-steps", type=int, default=20)
     p.add_argument("--init-steps", type=int, default=150)
     p.add_argument("--no-controlled", action="store_true", help="side by side only (part 1)")
+    p.add_argument(
+        "--precision", action="append", choices=["fp32", "auto", "bf16"],
+        help="paperscale's precision (repeatable; default fp32 and auto: fairseq's own and ours)",
+    )  # fmt: skip
     add_output_arguments(p, "a synthetic corpus, the smoke model, a few steps of each part")
     args = p.parse_args(argv)
+    args.precision = args.precision or (["fp32"] if args.smoke else ["fp32", "auto"])
     if args.fairseq_python and not Path(args.fairseq_python).is_file():
         p.error(f"--fairseq-python {args.fairseq_python}: no such file (make fairseq-venv)")
     args.work.mkdir(parents=True, exist_ok=True)

@@ -333,6 +333,30 @@ REGISTRY: tuple[Bench, ...] = (
         needs=_needs_cuda,
     ),
     Bench(
+        "cpu_step",
+        "The demo preset's step on 2 CPU ranks: target tokens/s and MFU of the defaults, of fp32, "
+        "of each speed choice undone and of the code before them (84d301c), side by side; the "
+        "profiler's grouped table of the defaults and of that code.",
+        (
+            "{python}",
+            "-m",
+            "bench.cpu_step",
+            "--data",
+            DEMO_DATA,
+            "--before",
+            "84d301c",
+            "--work",
+            "{work}",
+            "--json",
+            "{json}",
+        ),
+        ("{python}", "-m", "bench.cpu_step", "--smoke", "--work", "{work}", "--json", "{json}"),
+        ONE_THREAD,
+        timeout_s=3600,
+        smoke_timeout_s=420,
+        needs=_needs_demo_data,
+    ),
+    Bench(
         "attention",
         "SDPA kernels side by side: forward + backward ms of each at the demo preset's attention "
         "shapes, fp32 and (where native) bf16; the figures behind `train.attention: auto`.",

@@ -60,17 +60,19 @@ def loss_workspace_bytes(
     """Peak bytes of the chunked loss's forward beyond its per-token terms, whatever the batch.
 
     The (V, d) gradient of the projection is accumulated in fp32 (4 V d) over the chunks of C =
-    LOSS_CHUNK_ELEMENTS logits. On top of it, the larger of two moments of a chunk: its fp32
-    logits and their log-probabilities (8 C), or its gradient in the compute dtype with the
-    chunk's (V, d) product (a C + a V d). None when compiled: the fused plain loss has no
-    chunks (its logits are per token, above).
+    LOSS_CHUNK_ELEMENTS logits. On top of it, the larger of two moments of a chunk: in fp32 its
+    logits and their log-probabilities (8 C), in bf16 / fp16 its logits and their softmax in
+    the compute dtype (2 a C); or its gradient in the compute dtype with the chunk's (V, d)
+    product (a C + a V d). None when compiled: the fused plain loss has no chunks (its logits
+    are per token, above).
     """
     if compiled:
         return 0.0
     a = weight_bytes(precision)
     assert cfg.vocab_size is not None
     c, vd = LOSS_CHUNK_ELEMENTS, cfg.vocab_size * cfg.d_model
-    return float(4 * vd + max(8 * c, a * c + a * vd))
+    first = 8 * c if a == 4 else 2 * a * c
+    return float(4 * vd + max(first, a * c + a * vd))
 
 
 def per_token_bytes(

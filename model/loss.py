@@ -45,7 +45,9 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     gradient of the summed loss with respect to those logits (softmax - target distribution,
     zero at padding), and accumulates the gradients for `h` and `W` from it; only those are
     kept for backward, which scales them by the incoming gradient. So neither the logits nor
-    their fp32 copy are ever held for the whole batch.
+    their fp32 copy are ever held for the whole batch. In fp32 each chunk goes through
+    `_fp32_chunk`; in bf16 / fp16 through `_low_precision_chunk`, which never makes an fp32
+    copy of the (C, V) logits.
     """
 
     @staticmethod
@@ -55,37 +57,22 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         n, v = h.shape[0], weight.shape[0]
         rows = max(1, CHUNK_ELEMENTS // v)
         need_grads = any(ctx.needs_input_grad[:2])  # not under no_grad (evaluation)
-        grad_h = torch.empty_like(h) if need_grads else h[:0]  # (N, D)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # (V, D)
-        loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
-        nll_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        grads = _Grads(h, weight) if need_grads else None
+        chunk = _fp32_chunk if h.dtype == torch.float32 else _low_precision_chunk
+        sums = torch.zeros(2, dtype=torch.float32, device=h.device)  # loss, nll
         for start in range(0, n, rows):
-            hc, tc = h[start : start + rows], target[start : start + rows]  # (C, D), (C,)
-            # the fp32 logits live only inside log_softmax: at most two (C, V) fp32 at a time
-            lprobs = F.log_softmax(F.linear(hc, weight).float(), dim=-1)  # (C, V)
+            stop = min(start + rows, n)
+            tc = target[start:stop]  # (C,)
             keep = tc.ne(pad_id)  # (C,)
             safe = tc.masked_fill(~keep, 0)  # (C,)
-            nll = -lprobs.gather(-1, safe[:, None]).squeeze(-1)  # (C,)
-            smooth = -lprobs.mean(dim=-1)  # (C,)
-            zero = torch.zeros((), dtype=torch.float32, device=h.device)
-            loss_sum += torch.where(keep, (1.0 - epsilon) * nll + epsilon * smooth, zero).sum()
-            nll_sum += torch.where(keep, nll, zero).sum()
-            if not need_grads:
-                del lprobs  # before the next chunk's logits
-                continue
-            # d loss / d logits = p - (1 - eps) onehot(target) - eps / V, zero at padding
-            grad = lprobs.exp_().sub_(epsilon / v)  # (C, V), in lprobs' storage
-            del lprobs
-            grad.scatter_add_(-1, safe[:, None], torch.full_like(nll[:, None], -(1.0 - epsilon)))
-            grad.mul_(keep[:, None])
-            grad = grad.to(h.dtype)  # the dtype autograd would hand the projection
-            grad_h[start : start + rows] = grad @ weight  # (C, D)
-            grad_w.add_(grad.t() @ hc)  # (V, D), accumulated in fp32 without an fp32 copy
-            del grad  # before the next chunk's logits
+            sums += chunk(h[start:stop], weight, safe, keep, epsilon, grads, start)
         ntok = target.ne(pad_id).sum()
-        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
-        ctx.mark_non_differentiable(nll_sum, ntok)
-        return loss_sum, nll_sum, ntok
+        if grads is None:
+            ctx.save_for_backward(h[:0], weight[:0])
+        else:
+            ctx.save_for_backward(grads.h, grads.finish())
+        ctx.mark_non_differentiable(sums[1], ntok)
+        return sums[0], sums[1], ntok
 
     @staticmethod
     def backward(  # type: ignore[override]
@@ -94,6 +81,85 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         scale = grad_loss.to(grad_h.dtype)
         return grad_h * scale, grad_w * grad_loss.to(grad_w.dtype), None, None, None
+
+
+class _Grads:
+    """The gradients of the summed loss for h (N, D) and W (V, D), filled chunk by chunk; W's
+    accumulated in fp32 (`finish` gives it in W's dtype)."""
+
+    def __init__(self, h: Tensor, weight: Tensor) -> None:
+        self.h = torch.empty_like(h)  # (N, D)
+        self.w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # (V, D)
+        self.dtype = weight.dtype
+        self.w_sum = weight.float().sum(0)  # (D,) column sums of W, for the constant terms
+
+    def finish(self) -> Tensor:
+        return self.w.to(self.dtype)
+
+
+def _smoothed_sums(nll: Tensor, smooth: Tensor, keep: Tensor, epsilon: float) -> Tensor:
+    """(loss sum, nll sum) over the kept rows, fp32."""
+    zero = torch.zeros((), dtype=torch.float32, device=nll.device)
+    loss = torch.where(keep, (1.0 - epsilon) * nll + epsilon * smooth, zero).sum()
+    return torch.stack([loss, torch.where(keep, nll, zero).sum()])
+
+
+def _fp32_chunk(
+    hc: Tensor, weight: Tensor, safe: Tensor, keep: Tensor, epsilon: float,
+    grads: _Grads | None, start: int,
+) -> Tensor:  # fmt: skip
+    """One chunk of rows in fp32: log-probabilities, then d loss / d logits = p - (1 - eps)
+    onehot(target) - eps / V, zero at padding."""
+    v = weight.shape[0]
+    lprobs = F.log_softmax(F.linear(hc, weight).float(), dim=-1)  # (C, V)
+    nll = -lprobs.gather(-1, safe[:, None]).squeeze(-1)  # (C,)
+    smooth = -lprobs.mean(dim=-1)  # (C,)
+    sums = _smoothed_sums(nll, smooth, keep, epsilon)
+    if grads is None:
+        return sums
+    grad = lprobs.exp_().sub_(epsilon / v)  # (C, V), in lprobs' storage
+    del lprobs
+    grad.scatter_add_(-1, safe[:, None], torch.full_like(nll[:, None], -(1.0 - epsilon)))
+    grad.mul_(keep[:, None])
+    grad = grad.to(hc.dtype)  # the dtype autograd would hand the projection
+    grads.h[start : start + hc.shape[0]] = grad @ weight  # (C, D)
+    grads.w.add_(grad.t() @ hc)  # (V, D), accumulated in fp32 without an fp32 copy
+    return sums
+
+
+def _low_precision_chunk(
+    hc: Tensor, weight: Tensor, safe: Tensor, keep: Tensor, epsilon: float,
+    grads: _Grads | None, start: int,
+) -> Tensor:  # fmt: skip
+    """One chunk of rows in bf16 / fp16, with one pass over the (C, V) logits: their softmax P
+    (computed in fp32 inside the kernel, stored in the compute dtype, as the projection's
+    gradient is). The loss terms come from P's target column and from identities of h and W:
+    z_t = h . W_t, mean_v z = h . mean(W), lse = z_t - log p_t, so nll = -log p_t and
+    smooth = lse - mean_v z (p_t is clamped at fp32's smallest normal number: a token's nll
+    reads at most 87.3). The gradient's constant -eps / V goes into the matmuls' results
+    (-eps / V times the column sums of W, and of h, for W's gradient) instead of a pass over
+    P, and the one-hot term into P's target column."""
+    v = weight.shape[0]
+    probs = torch.softmax(F.linear(hc, weight), dim=-1)  # (C, V) in the compute dtype
+    p_t = probs.gather(-1, safe[:, None]).squeeze(-1).float()  # (C,)
+    h32 = hc.float()  # (C, D)
+    z_t = (h32 * weight[safe].float()).sum(-1)  # (C,)
+    mean_z = h32 @ (grads.w_sum if grads else weight.float().sum(0)) / v  # (C,)
+    nll = -torch.log(p_t.clamp_min(torch.finfo(torch.float32).tiny))  # (C,)
+    sums = _smoothed_sums(nll, z_t + nll - mean_z, keep, epsilon)
+    if grads is None:
+        return sums
+    # the target column: p_t - (1 - eps), written by index (scatter_add_ on bf16 upcasts P)
+    flat = probs.view(-1)  # (C * V,)
+    at = torch.arange(hc.shape[0], device=hc.device) * v + safe  # (C,)
+    flat.index_copy_(0, at, (p_t - (1.0 - epsilon)).to(probs.dtype))
+    rows = keep[:, None].to(hc.dtype)  # (C, 1)
+    kept_h = hc * rows  # (C, D), padding rows zero
+    c = epsilon / v
+    grad_h = (probs @ weight).float() - c * grads.w_sum  # (C, D)
+    grads.h[start : start + hc.shape[0]] = grad_h.to(hc.dtype) * rows
+    grads.w.add_(probs.t() @ kept_h).sub_(c * kept_h.float().sum(0))  # (V, D) - (D,) row
+    return sums
 
 
 def chunked_label_smoothed_loss(

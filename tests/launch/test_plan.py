@@ -87,7 +87,10 @@ def test_chunked_loss_has_no_vocabulary_term_per_token_and_compiled_has_two() ->
     fixed); the compiler's fused plain loss holds the logits and their gradient, 2 a V."""
     wide = dataclasses.replace(BIG, vocab_size=2 * 37000)
     assert per_token_bytes(wide) == per_token_bytes(BIG)
-    assert loss_workspace_bytes(BIG) >= 8 * LOSS_CHUNK_ELEMENTS + 4 * 37000 * 1024
+    # fp32: the chunk's logits and log-probabilities; bf16: its logits and softmax, 2 bytes each
+    assert loss_workspace_bytes(BIG, "fp32") >= 8 * LOSS_CHUNK_ELEMENTS + 4 * 37000 * 1024
+    assert loss_workspace_bytes(BIG) >= 4 * LOSS_CHUNK_ELEMENTS + 4 * 37000 * 1024
+    assert loss_workspace_bytes(BIG) < loss_workspace_bytes(BIG, "fp32")
     assert loss_workspace_bytes(BIG, compiled=True) == 0
     assert per_token_bytes(BIG, compiled=True) - per_token_bytes(BIG) == 2 * 2 * 37000 - 1024 * 2
     assert per_token_bytes(BIG, "fp32", compiled=True) - per_token_bytes(BIG, "fp32") == (

@@ -61,3 +61,42 @@ def test_bf16_is_close_to_fp32() -> None:
     assert abs(loss16.item() - loss32.item()) / loss32.item() < 2e-2
     assert h16.grad is not None and h16.grad.dtype == torch.bfloat16
     assert torch.allclose(h16.grad.float(), h32.grad, atol=2e-2)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chunk_elements", [2**24, 50 * 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_path_matches_fp32_on_the_same_inputs(
+    monkeypatch: pytest.MonkeyPatch, chunk_elements: int, dtype: torch.dtype
+) -> None:
+    """The bf16 / fp16 path (softmax in the compute dtype, loss terms from identities) against
+    the fp32 path on the very same (rounded) inputs: sums within 1e-3 relative (P's target
+    column is rounded once), gradients within the compute dtype's rounding of P (2e-2 of
+    each gradient's norm), padding rows without gradient."""
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk_elements)
+    h, weight, target = inputs(3)
+    h16, w16 = h.to(dtype).requires_grad_(), weight.to(dtype).requires_grad_()
+    low = chunked_label_smoothed_loss(h16, w16, target, 0.1)
+    low[0].backward()
+    h32 = h16.detach().float().requires_grad_()
+    w32 = w16.detach().float().requires_grad_()
+    ref = chunked_label_smoothed_loss(h32, w32, target, 0.1)
+    ref[0].backward()
+    assert low[0].dtype == torch.float32 and low[2] == ref[2]
+    for a, b in zip(low[:2], ref[:2], strict=True):
+        assert abs(a.item() - b.item()) <= 1e-3 * abs(b.item())
+    for a, b in ((h16.grad, h32.grad), (w16.grad, w32.grad)):
+        assert a is not None and b is not None and a.dtype == dtype
+        assert (a.float() - b).norm() <= 2e-2 * b.norm()
+    assert h16.grad is not None and h16.grad[0, 5:].abs().max() == 0
+
+
+def test_low_precision_nll_is_capped_not_infinite() -> None:
+    """A target whose probability underflows fp32 reads nll 87.3 (fp32's smallest normal
+    number), not inf."""
+    h = torch.zeros(1, 1, 4, dtype=torch.bfloat16)
+    h[..., 0] = 1.0
+    weight = torch.zeros(6, 4, dtype=torch.bfloat16)
+    weight[5, 0] = 200.0  # token 5 takes all the mass; the target 4 gets e^-200
+    target = torch.tensor([[4]])
+    _, nll, _ = chunked_label_smoothed_loss(h, weight, target, 0.0)
+    assert nll.item() == pytest.approx(-torch.log(torch.tensor(torch.finfo(torch.float32).tiny)))
