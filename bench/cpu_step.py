@@ -14,8 +14,7 @@ the grouped table of the defaults (and of --before) is kept. Variants:
 
 - defaults (bf16 where native), and fp32;
 - each choice undone alone: torch's own attention kernel (`train.attention=default`), Adam's
-  per-tensor loop (`optim.fused=false`), ZeRO stage 2 instead of the preset's, glibc's default
-  mmap for large blocks (MALLOC_MMAP_MAX_ unset);
+  per-tensor loop (`optim.fused=false`), ZeRO stage 2 instead of the preset's;
 - with --before REV: the code of git revision REV (a worktree under --work), in the same
   precision as the defaults: the step before all of these choices.
 """
@@ -41,7 +40,6 @@ from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows
 from trainer.step_time import GROUPS  # noqa: E402
 
 LOG_EVERY = 10
-MALLOC_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def variants(smoke: bool) -> dict[str, tuple[list[str], dict[str, str | None]]]:
@@ -56,7 +54,6 @@ def variants(smoke: bool) -> dict[str, tuple[list[str], dict[str, str | None]]]:
         "torch's attention kernel": (["train.attention=default"], {}),
         "unfused Adam": (["optim.fused=false"], {}),
         "ZeRO stage 2": (["train.zero_stage=2"], {}),  # the preset has 1
-        "mmap for large blocks": ([], dict.fromkeys(MALLOC_ENV)),
     }
     return out
 
@@ -161,7 +158,7 @@ def main() -> None:
     cases, root = dict(variants(args.smoke)), ROOT
     if args.before:
         root = worktree(args.before, args.work)
-        cases["before"] = ([], dict.fromkeys(MALLOC_ENV))
+        cases["before"] = ([], {})
     runs: dict[str, dict[str, Any]] = {}
     for _ in range(1 if args.smoke else args.repeats):  # in turn, so that drift hits all alike
         for name, (extra, env) in cases.items():

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
@@ -51,6 +51,18 @@ def _check(cond: bool, path: Path, what: str) -> None:
         raise ValueError(f"{path}: invalid manifest: {what}")
 
 
+def plain_relative(name: str) -> bool:
+    """A shard name the manifest may hold: relative, no `..`, no empty or odd parts."""
+    parts = PurePosixPath(name).parts
+    return (
+        bool(parts)
+        and not name.startswith(("/", "\\"))
+        and "\\" not in name
+        and all(p not in ("", ".", "..") for p in parts)
+        and "\0" not in name
+    )
+
+
 def validate_manifest(m: Any, path: Path) -> dict:
     """Check the structure the loader relies on; one-line ``ValueError`` naming the problem."""
     _check(isinstance(m, dict), path, "top level is not an object")
@@ -69,6 +81,12 @@ def validate_manifest(m: Any, path: Path) -> dict:
             ok = isinstance(shard, dict) and isinstance(shard.get("name"), str)
             ok = ok and isinstance(shard.get("samples"), int)
             _check(ok, path, f"split {name} shard {i} lacks name/samples")
+            _check(
+                plain_relative(shard["name"]),
+                path,
+                f"split {name} shard {i} name {shard['name']!r} is not a relative path inside "
+                "the data directory",
+            )
         total = sum(s["samples"] for s in shards)
         _check(split.get("samples") == total, path, f"split {name} samples != sum over shards")
     return m

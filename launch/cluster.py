@@ -74,6 +74,8 @@ class ClusterProfile:
             value = getattr(self, key)
             if value is not None and (not value or any(c.isspace() for c in value)):
                 out.append((key, f"must be a non-empty word without spaces, got {value!r}"))
+            elif value is not None and (why := sbatch_value_problem(value)):
+                out.append((key, why))
         for name in self.env:
             if not _ENV_NAME.match(name):
                 out.append((f"env.{name}", "is not a valid environment variable name"))
@@ -87,6 +89,8 @@ class ClusterProfile:
         for i, arg in enumerate(self.sbatch_args):
             if not arg.startswith("-") or "\n" in arg:
                 out.append((f"sbatch_args[{i}]", f"must be one sbatch option, got {arg!r}"))
+            elif why := sbatch_value_problem(arg):
+                out.append((f"sbatch_args[{i}]", why))
             elif secret_assignment(arg):
                 out.append((f"sbatch_args[{i}]", SECRET_ADVICE))
         return out
@@ -96,6 +100,22 @@ SECRET_ADVICE = (
     "looks like a secret; keep it out of cluster profiles and scripts "
     "(set it in the environment you submit from: sbatch passes it on)"
 )
+
+
+# What sbatch's #SBATCH parser cannot take in a value: it splits on whitespace, pairs quotes
+# (an odd one makes it stop with "unmatched quote"), and a `#` may start a comment.
+_SBATCH_UNSAFE = re.compile(r"""[\s'"#\\`]|[\x00-\x1f\x7f]""")
+
+
+def sbatch_value_problem(value: str) -> str | None:
+    """Why `value` cannot go into an #SBATCH line as written, or None."""
+    bad = _SBATCH_UNSAFE.search(value)
+    if bad is None:
+        return None
+    return (
+        f"holds {bad.group()!r}, which #SBATCH lines cannot carry (no spaces, quotes, '#', "
+        f"backslashes or control characters), got {value!r}"
+    )
 
 
 def secret_assignment(text: str) -> bool:

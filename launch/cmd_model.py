@@ -73,9 +73,25 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def damage_warning(text: Any, split: str) -> str:
+    """With --allow-damaged on a damaged split: one loud line per damaged shard on stderr and
+    the coverage ("251 of 500 sentences") for the score's lines; "" for a whole split."""
+    if text.complete:
+        return ""
+    coverage = f"{len(text.sources)} of {text.expected} sentences of {split}"
+    for problem in text.damaged:
+        print(f"paperscale: WARNING: {problem}", file=sys.stderr)
+    print(
+        f"paperscale: WARNING: scoring {coverage} only (--allow-damaged); this is not the "
+        f"split's score",
+        file=sys.stderr,
+    )
+    return coverage
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from data_pipeline.loader import read_manifest
-    from data_pipeline.text import read_split_text
+    from data_pipeline.text import SplitDamaged, read_split
     from launch.evaluation import format_examples, pick_examples, score
     from trainer.serve.engines import AnyExport, engine_line
 
@@ -85,7 +101,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     export = resolve_export(Path(args.model))
     data_dir = Path(args.data)
     read_manifest(data_dir)
-    sources, refs = read_split_text(data_dir, args.split)
+    try:
+        text = read_split(data_dir, args.split, allow_damaged=args.allow_damaged)
+    except SplitDamaged as exc:
+        raise UsageError(f"{exc} (--allow-damaged scores the sentences that can be read)") from None
+    sources, refs = text.sources, text.targets
+    coverage = damage_warning(text, args.split)
     if args.limit:
         sources, refs = sources[: args.limit], refs[: args.limit]
     translator = load_translator(AnyExport, export)
@@ -98,6 +119,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     ]
     figures, lines = score(hyps, refs)
     result = {"split": args.split, "beam": args.beam, "lenpen": args.lenpen, **figures}
+    if coverage:
+        result |= {"expected_sentences": text.expected, "damaged": text.damaged}
+        lines = [f"{line}  (PARTIAL: {coverage})" for line in lines]
     run = RunDir(run_dir_of_export(export))
     run.hypotheses(args.split).write_text("".join(h + "\n" for h in hyps))
     run.eval_result(args.split).write_text(json.dumps(result, indent=1))

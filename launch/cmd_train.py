@@ -11,7 +11,7 @@ from typing import Any
 
 from data_pipeline.manifest import tokenizer_path
 from launch.config import ConfigError, JobConfig
-from launch.usage import die
+from launch.usage import UsageError, die
 from trainer.run_dir import RunDir
 
 
@@ -39,6 +39,22 @@ def load_train_job(args: argparse.Namespace) -> JobConfig:
     return job
 
 
+def take_run_lock(run: RunDir, is_main: bool) -> Any:
+    """The run dir's lock (trainer/run_lock.py), taken by the process that starts the run:
+    this launcher, or rank 0 of a torchrun started by hand; None where a parent holds it (its
+    children see HOLDER_ENV). A second writer is one line and exit 2."""
+    from trainer.run_lock import HOLDER_ENV, RunLock, RunLocked
+
+    if os.environ.get(HOLDER_ENV) or not is_main:
+        return None
+    try:
+        lock = RunLock(run.root).acquire()
+    except RunLocked as exc:
+        raise UsageError(str(exc)) from None
+    os.environ[HOLDER_ENV] = str(lock.path)  # for the ranks torchrun starts
+    return lock
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from launch.config import to_dict, to_yaml
     from launch.local import inside_torchrun, run_torchrun, use_cuda
@@ -47,6 +63,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     job = load_train_job(args)
     run = RunDir(Path(job.run.dir))
     is_main = os.environ.get("RANK", "0") == "0"
+    lock = take_run_lock(run, is_main)
     if is_main:
         run.root.mkdir(parents=True, exist_ok=True)
         write_atomic(run.config, to_yaml(job))
@@ -54,7 +71,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not inside_torchrun() and args.nproc > 1:
         run.summary.unlink(missing_ok=True)
         code = run_torchrun(
-            args.nproc, run.config, run.root, use_cuda(job.train.device), job.train.stop_grace_s
+            args.nproc,
+            run.config,
+            run.root,
+            use_cuda(job.train.device),
+            job.train.stop_grace_s,
+            keep_fds=(lock.fd,) if lock else (),
         )
         # After a TERM torchrun exits non-zero even when its ranks saved and exited cleanly:
         # the ranks' summary.json, when written, tells how the run ended.

@@ -7,6 +7,7 @@ the CLI can print one line and exit 2 before any process group exists.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from data_pipeline.config import DataConfig
 from model.config import ModelConfig
 from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfig
+from trainer.secrets import is_secret_name, secret_env_values
 
 
 class ConfigError(ValueError):
@@ -78,12 +80,62 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if overrides:
             layers.append(OmegaConf.from_dotlist(overrides))
         merged = OmegaConf.merge(*layers)
+        secret_text = secret_interpolations(OmegaConf.to_container(merged, resolve=False))
         job = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         raise _omegaconf_error(exc) from None
     assert isinstance(job, JobConfig)
     validate(job)
+    check_secrets(job, secret_text)
+    job._secret_text = secret_text  # type: ignore[attr-defined]
     return job
+
+
+# Config keys whose values become names and paths (of the run dir, its files, the Slurm job,
+# the wandb project): a secret there would be in plain sight, so it is refused outright.
+NAMING_KEYS = ("run.name", "run.dir", "data.dir", "logging.wandb_project")
+_ENV_REFERENCE = re.compile(r"\$\{(?:oc\.env|env)\s*:\s*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def leaf_items(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a nested dict."""
+    if not isinstance(node, dict):
+        return [(prefix, node)]
+    out = []
+    for key, value in node.items():
+        out += leaf_items(value, f"{prefix}.{key}" if prefix else str(key))
+    return out
+
+
+def secret_interpolations(raw: Any) -> dict[str, str]:
+    """Keys whose unresolved value refers to an environment variable with a secret-looking
+    name (`${oc.env:WANDB_API_KEY}`), with that text: dumps keep the text, not the value."""
+    return {
+        key: value
+        for key, value in leaf_items(raw)
+        if isinstance(value, str) and any(is_secret_name(n) for n in _ENV_REFERENCE.findall(value))
+    }
+
+
+def check_secrets(job: JobConfig, secret_text: dict[str, str]) -> None:
+    """A secret may not name things (NAMING_KEYS), and no value may hold a secret variable's
+    value by other means than an interpolation (a shell's `$WANDB_API_KEY`): the dumps could
+    not keep it out."""
+    secrets = secret_env_values()
+    for key, value in leaf_items(OmegaConf.to_container(OmegaConf.structured(job))):
+        if key in secret_text and key in NAMING_KEYS:
+            raise ConfigError(
+                key,
+                f"comes from {secret_text[key]}, which looks like a secret; it would name the "
+                "run's files and jobs",
+            )
+        leaked = isinstance(value, str) and any(s in value for s in secrets)
+        if leaked and key not in secret_text:
+            raise ConfigError(
+                key,
+                "holds the value of an environment variable that looks like a secret; "
+                "write it as ${oc.env:NAME}, which the config files keep as text",
+            )
 
 
 def validate(job: JobConfig) -> None:
@@ -121,11 +173,19 @@ def check_data_dir(job: JobConfig) -> dict[str, Any]:
         raise ConfigError("data.dir", f"not a valid manifest: {exc}") from None
 
 
-def to_yaml(job: JobConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(job))
-
-
 def to_dict(job: JobConfig) -> dict[str, Any]:
+    """The job as a nested dict, as every file written from it holds it: values that came
+    from a secret-looking environment variable keep their interpolation text."""
     out = OmegaConf.to_container(OmegaConf.structured(job))
     assert isinstance(out, dict)
+    for key, text in getattr(job, "_secret_text", {}).items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = text
     return out  # type: ignore[return-value]
+
+
+def to_yaml(job: JobConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(job)))

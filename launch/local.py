@@ -51,19 +51,10 @@ def ignore_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-# glibc's malloc for CPU ranks: large blocks (logits, activations: tens of MB) from the heap,
-# kept after they are freed, instead of a fresh mmap per block whose every page faults on
-# first touch. The demo preset's step is ~10 % faster (bench/RESULTS.md, `cpu_step`); the
-# ranks' memory never shrinks back, which a training process does not need.
-CPU_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**40)}
-
-
 def child_env(use_cuda: bool) -> dict[str, str]:
     env = dict(os.environ)
     if not use_cuda:
         env.setdefault("DS_ACCELERATOR", "cpu")
-        for name, value in CPU_MALLOC_ENV.items():
-            env.setdefault(name, value)
     env.setdefault("OMP_NUM_THREADS", "1")
     # After a restart (--max-restarts) workers sharing the rendezvous store can read the
     # previous attempt's addresses and fail to connect; a store of their own avoids that.
@@ -85,16 +76,24 @@ def child_pids(pid: int) -> list[int]:
 
 
 def run_torchrun(
-    nproc: int, config_file: Path, run_dir: Path, use_cuda: bool, grace_s: float = 30.0
+    nproc: int,
+    config_file: Path,
+    run_dir: Path,
+    use_cuda: bool,
+    grace_s: float = 30.0,
+    keep_fds: tuple[int, ...] = (),
 ) -> int:
     """Run torchrun in the foreground and return its exit code.
 
     SIGUSR1 and SIGTERM sent to this process go straight to the workers, which stop at a step
     boundary, save and exit; torchrun ignores them and waits for its workers. SIGINT from a
     terminal reaches the workers through the process group, so it is not forwarded again here.
+    `keep_fds` stay open in torchrun (the run dir's lock: it lives as long as either does).
     """
     command = torchrun_command(nproc, config_file, run_dir, grace_s)
-    proc = subprocess.Popen(command, env=child_env(use_cuda), preexec_fn=ignore_stop_signals)
+    proc = subprocess.Popen(
+        command, env=child_env(use_cuda), preexec_fn=ignore_stop_signals, pass_fds=keep_fds
+    )
 
     def forward(signum: int, frame: object) -> None:
         for pid in child_pids(proc.pid):

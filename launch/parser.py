@@ -123,6 +123,11 @@ def add_decode(sub: Subparsers) -> None:
             sp.add_argument("--split", default="test", choices=["valid", "test"])
             sp.add_argument("--limit", type=int, default=0, help="first N sentences only")
             sp.add_argument(
+                "--allow-damaged",
+                action="store_true",
+                help="score what a damaged split still holds, saying so (default: refuse)",
+            )
+            sp.add_argument(
                 "--show",
                 type=int,
                 default=0,

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launch.cluster import ClusterProfile, load_profile, secret_assignment
+from launch.cluster import ClusterProfile, load_profile, sbatch_value_problem, secret_assignment
 from launch.config import ConfigError, JobConfig, check_data_dir, load_config, to_yaml
 from launch.preflight import check_resume
 from trainer.run_dir import RunDir
@@ -268,9 +268,13 @@ def submit(args: argparse.Namespace) -> int:
     profile = with_save_lead(job, profile)
     run_dir = job.run_dir().resolve()
     check_resume(job, run_dir)
-    for name, path in (("--run-dir", run_dir), ("the working directory", Path.cwd())):
-        if any(c.isspace() for c in str(path)):
-            raise ConfigError(name, f"{path} has whitespace, which #SBATCH lines cannot hold")
+    for name, value in (
+        ("run.name", "_".join(job.run.name.split())),
+        ("--run-dir", str(run_dir)),
+        ("the working directory", str(Path.cwd())),
+    ):
+        if why := sbatch_value_problem(value):
+            raise ConfigError(name, why)
     job.run.dir = str(run_dir)
     job.data.dir = str(Path(job.data.dir).resolve())
     script = batch_script(

@@ -129,7 +129,7 @@ class TorchrunResult:
 
 
 def run_torchrun_resending(
-    command: list[str], env: dict[str, str], received: list[int]
+    command: list[str], env: dict[str, str], received: list[int], keep_fds: tuple[int, ...] = ()
 ) -> TorchrunResult:
     """Run torchrun; each signal in `received` (see `record_stop_signals`) goes to the workers,
     again every RESEND_EVERY_S seconds until torchrun exits. Its stderr passes through to ours
@@ -145,7 +145,11 @@ def run_torchrun_resending(
     from launch.local import child_pids, ignore_stop_signals
 
     proc = subprocess.Popen(
-        command, env=env, preexec_fn=ignore_stop_signals, stderr=subprocess.PIPE
+        command,
+        env=env,
+        preexec_fn=ignore_stop_signals,
+        stderr=subprocess.PIPE,
+        pass_fds=keep_fds,
     )
     tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
     copier = threading.Thread(target=copy_stderr, args=(proc, tail), daemon=True)
@@ -204,7 +208,19 @@ def node(
         f"torchrun with {nproc_per_node} ranks, rendezvous at {endpoint}",
         flush=True,
     )
-    result = run_torchrun_resending(command, child_env(use_cuda(job.train.device)), received)
+    env = child_env(use_cuda(job.train.device))
+    lock = None
+    if ctx["node_id"] == "0":  # the first node's task holds the run dir for the whole step
+        from trainer.run_lock import HOLDER_ENV, RunLock, RunLocked
+
+        try:
+            lock = RunLock(run.root).acquire()
+        except RunLocked as exc:
+            print(f"paperscale: error: {exc}", file=sys.stderr, flush=True)
+            return 2
+        env[HOLDER_ENV] = str(lock.path)
+    keep = (lock.fd,) if lock else ()
+    result = run_torchrun_resending(command, env, received, keep)
     if result.returncode != 0 and not result.ranks_started:
         reason = first_error(result.stderr_tail) or f"torchrun exited {result.returncode}"
         record_startup_failure(

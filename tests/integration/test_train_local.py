@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,3 +112,18 @@ def test_two_ranks_train_resume_translate_evaluate(synthetic_data: Path, tmp_pat
     assert sum(x.startswith("  reference  ") for x in shown) == 3
     assert sum(x.startswith("  hypothesis ") for x in shown) == 3
     assert "nrefs:1" in result["bleu_signature"]
+
+    # A damaged test shard: refused in one line (exit 2), or scored partially, loudly, on request
+    damaged = tmp_path / "damaged"
+    shutil.copytree(synthetic_data, damaged)
+    (shard,) = sorted((damaged / "shards").glob("test-*.tar"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    common_eval = ["evaluate", str(run_dir), "--data", str(damaged), "--beam", "1"]
+    proc = paperscale(*common_eval, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "the test split is damaged" in proc.stderr and str(shard) in proc.stderr
+    proc = paperscale(*common_eval, "--allow-damaged", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((run_dir / "eval_test.json").read_text())
+    assert 0 < result["sentences"] < result["expected_sentences"] == 64
+    assert "WARNING: scoring" in proc.stderr and "(PARTIAL: " in proc.stdout

@@ -173,6 +173,13 @@ def test_secrets_never_reach_the_script(
         ("nodes: many\n", "cluster.nodes"),
         ("env:\n  1BAD: x\n", "cluster.env.1BAD"),
         ("sbatch_args:\n  - exclusive\n", "cluster.sbatch_args[0]"),
+        # what sbatch's own #SBATCH parser cannot take: an odd quote, a '#', a backslash
+        ("partition: 'gpu\"x'\n", "cluster.partition"),
+        ('account: "proj\'1"\n', "cluster.account"),
+        ("qos: 'high#low'\n", "cluster.qos"),
+        ("constraint: 'a\\\\b'\n", "cluster.constraint"),
+        ("sbatch_args:\n  - --comment=it's\n", "cluster.sbatch_args[0]"),
+        ("sbatch_args:\n  - '--comment=a#b'\n", "cluster.sbatch_args[0]"),
     ],
 )
 def test_bad_profile_exits_2_naming_the_key(
@@ -188,6 +195,18 @@ def test_bad_profile_exits_2_naming_the_key(
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"paperscale: error: {key}:")
     assert "abc" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ['my"run', "my#run", "it's", "back\\slash"])
+def test_a_run_name_sbatch_cannot_parse_is_refused(
+    tmp_path: Path, data_dir: Path, name: str
+) -> None:
+    proc = run_cli(
+        "submit", "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", "local",
+        "--dry-run", f"data.dir={data_dir}", f"run.name={name}", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("paperscale: error: run.name: holds ")
 
 
 @pytest.mark.parametrize(

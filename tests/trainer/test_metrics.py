@@ -16,11 +16,10 @@ from trainer.metrics import (
     TensorBoardSink,
     Throughput,
     WandbSink,
-    is_secret_name,
     memory_metrics,
     open_sink,
-    scrub_secrets,
 )
+from trainer.secrets import is_secret_name, scrub_secrets
 
 
 class Exploding:
