@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import re
 import resource
 import shlex
 import signal
@@ -634,11 +635,14 @@ def run_bench(
 HEADER = """# Benchmark results
 
 Written by `make bench` (`python -m bench.suite`, full size); not edited by hand. One table per
-bench: each row is one figure with the exact command that measured it (from the repository
-root), the date (UTC) and the machine (CPU model, cores, native bf16 or not, GPU). A bench that
-failed or could not run on the machine is a row saying why. `python -m bench.suite --only NAME`
-reruns one bench and replaces its table, keeping the others.
+bench, headed by the exact command that measured it (from the repository root), the machine
+(CPU model, cores, native bf16 or not, GPU; Python, torch and DeepSpeed) and the date (UTC);
+each row is one figure with its value, unit and details. A bench that failed or could not run
+on the machine is a row saying why. `python -m bench.suite --only NAME` reruns one bench and
+replaces its table, keeping the others.
 """
+TABLE_HEAD = ["| figure | value | unit | details |", "|---|---:|---|---|"]
+OLD_TABLE_HEAD = "| figure | value | unit | details | command | date (UTC) | machine |"
 
 
 def format_value(value: float) -> str:
@@ -666,31 +670,49 @@ def _details(r: Mapping[str, Any]) -> str:
 
 
 def render_section(outcome: Outcome, bench: Bench | None, machine: Mapping[str, Any]) -> str:
-    """One bench's section: heading, what it measures, how long it ran, and its table."""
-    where = describe_machine(machine)
-    command = f"`{_cell(outcome.command)}`"
+    """One bench's section: heading, what it measures, its command, machine and date once,
+    then its table."""
     lines = [f"## {outcome.name}", ""]
     if bench is not None:
         lines += [bench.about, ""]
     ran = f"{outcome.seconds:.0f} s" if outcome.status != "not run" else "not run"
     lines += [
-        f"{outcome.date} UTC, {outcome.size} size, {ran}; Python {machine['python']}, "
-        f"torch {machine['torch']}, deepspeed {machine['deepspeed']}.",
+        f"Command: `{_cell(outcome.command)}`  ",
+        f"Machine: {describe_machine(machine)}; Python {machine['python']}, torch "
+        f"{machine['torch']}, deepspeed {machine['deepspeed']}  ",
+        f"Date: {outcome.date} UTC, {outcome.size} size, {ran}",
         "",
-        "| figure | value | unit | details | command | date (UTC) | machine |",
-        "|---|---:|---|---|---|---|---|",
+        *TABLE_HEAD,
     ]
     for r in outcome.rows:
         lines.append(
             f"| {_cell(str(r['figure']))} | {format_value(r['value'])} | {_cell(str(r['unit']))} "
-            f"| {_cell(_details(r))} | {command} | {outcome.date} | {_cell(where)} |"
+            f"| {_cell(_details(r))} |"
         )
     if outcome.status != "ok":
-        lines.append(
-            f"| **{outcome.status}** | n/a |  | {_cell(outcome.reason)} | {command} "
-            f"| {outcome.date} | {_cell(where)} |"
-        )
+        lines.append(f"| **{outcome.status}** | n/a |  | {_cell(outcome.reason)} |")
     return "\n".join(lines) + "\n"
+
+
+def compact_section(section: str) -> str:
+    """A section written before tables stated their command, date and machine once (each row
+    repeated them in three more cells): the same figures in today's layout."""
+    lines = section.splitlines()
+    if OLD_TABLE_HEAD not in lines:
+        return section
+    head = lines.index(OLD_TABLE_HEAD)
+    rows = [line for line in lines[head + 2 :] if line.startswith("| ")]
+    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))] for row in rows]
+    intro = [line for line in lines[:head] if line.strip()]  # heading, about, when and what
+    heading, about = intro[0], intro[1:2]
+    when, _, versions = (intro[2] if len(intro) > 2 else "").partition("; ")
+    out = [heading, "", *about, ""] if about else [heading, ""]
+    if cells and len(cells[0]) >= 7:
+        where = f"{cells[0][6]}; {versions.rstrip('.')}" if versions else cells[0][6]
+        out += [f"Command: {cells[0][4]}  ", f"Machine: {where}  ", f"Date: {when}", ""]
+    out += TABLE_HEAD
+    out += [f"| {' | '.join(c[:4])} |" for c in cells]
+    return "\n".join(out) + "\n"
 
 
 def split_sections(text: str) -> dict[str, str]:
@@ -710,7 +732,7 @@ def render_results(
     new = {o.name: render_section(o, _bench(o.name), machine) for o in outcomes}
     old = split_sections(previous)
     order = [b.name for b in REGISTRY] + [n for n in new if _bench(n) is None]
-    parts = [new.get(name) or old.get(name) for name in order]
+    parts = [new.get(name) or compact_section(old.get(name) or "") for name in order]
     return HEADER + "".join("\n" + p for p in parts if p)
 
 
