@@ -44,6 +44,9 @@ class ClusterProfile:
     # The c10d rendezvous port on the first node. 0: a port free there, chosen for every try;
     # a number (a firewall's opening): that port first, free ones if it fails.
     rendezvous_port: int = 0
+    # requeues of a job whose step failed in a way torchrun's restarts could not mend (a node
+    # lost, every restart used, a rendezvous that kept failing), counted by Slurm's restarts
+    max_requeues: int = 3
     python: str | None = None  # interpreter on the nodes; default: the one running `submit`
     setup: list[str] = field(default_factory=list)  # shell lines first, e.g. "module load cuda"
     env: dict[str, str] = field(default_factory=dict)  # exported before training starts
@@ -60,6 +63,10 @@ class ClusterProfile:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 out.append((key, f"must be a positive integer, got {value!r}"))
+        if not isinstance(self.max_requeues, int) or self.max_requeues < 0:
+            out.append(
+                ("max_requeues", f"must be a non-negative integer, got {self.max_requeues!r}")
+            )
         if not 0 <= self.rendezvous_port <= 65535:
             out.append(("rendezvous_port", f"must be 0 or a TCP port, got {self.rendezvous_port}"))
         if self.gpus_per_node < 0:

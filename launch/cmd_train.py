@@ -77,6 +77,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             use_cuda(job.train.device),
             job.train.stop_grace_s,
             keep_fds=(lock.fd,) if lock else (),
+            max_restarts=job.train.max_restarts,
         )
         # After a TERM torchrun exits non-zero even when its ranks saved and exited cleanly:
         # the ranks' summary.json, when written, tells how the run ended.

@@ -17,17 +17,19 @@ def inside_torchrun() -> bool:
 
 
 def torchrun_command(
-    nproc: int, config_file: Path, run_dir: Path, grace_s: float = 30.0
+    nproc: int, config_file: Path, run_dir: Path, grace_s: float = 30.0, max_restarts: int = 0
 ) -> list[str]:
     """torchrun for `nproc` local ranks. On TERM torchrun itself passes TERM on to its ranks
     and kills them after --shutdown_timeout: that is the run's grace period, in which they
-    save and exit."""
+    save and exit. A rank that fails makes torchrun restart the whole group in place, up to
+    `max_restarts` times (train.max_restarts); each restart resumes from `latest`."""
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={nproc}",
+        f"--max-restarts={max_restarts}",
         f"--shutdown_timeout={math.ceil(grace_s)}",
         # torchrun leaves TERM and INT to the ranks (it ignores them: see run_torchrun) and
         # waits for them to save and exit instead of killing them after a traceback
@@ -82,6 +84,7 @@ def run_torchrun(
     use_cuda: bool,
     grace_s: float = 30.0,
     keep_fds: tuple[int, ...] = (),
+    max_restarts: int = 0,
 ) -> int:
     """Run torchrun in the foreground and return its exit code.
 
@@ -90,7 +93,7 @@ def run_torchrun(
     terminal reaches the workers through the process group, so it is not forwarded again here.
     `keep_fds` stay open in torchrun (the run dir's lock: it lives as long as either does).
     """
-    command = torchrun_command(nproc, config_file, run_dir, grace_s)
+    command = torchrun_command(nproc, config_file, run_dir, grace_s, max_restarts)
     proc = subprocess.Popen(
         command, env=child_env(use_cuda), preexec_fn=ignore_stop_signals, pass_fds=keep_fds
     )

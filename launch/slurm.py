@@ -124,6 +124,9 @@ def batch_script(
         *SCRIPT_OUTCOME,
         "    " + " ".join([*map(q, step), "outcome", *on_run]),
         *SCRIPT_REQUEUE,
+        *requeue_on_failure(profile.max_requeues),
+        'exit "$rc"',
+        "",
     ]
     script = "\n".join(lines)
     bad = [line for line in script.splitlines() if secret_assignment(line)]
@@ -173,10 +176,28 @@ SCRIPT_REQUEUE = [
     'if [ "$rc" -eq 75 ] && [ "$requeue" -eq 1 ]; then',
     '    echo "paperscale: checkpoint saved; requeueing job $SLURM_JOB_ID"',
     '    scontrol requeue "$SLURM_JOB_ID"',
-    "fi",
-    'exit "$rc"',
-    "",
 ]
+
+
+def requeue_on_failure(max_requeues: int) -> list[str]:
+    """The script's answer to a step that failed without an exit code of the run's own (2 a
+    bad config, 65 a non-finite loss, 70 a crash loop, 74 a failed save, 75 saved and
+    stopped): a node lost, torchrun's restarts used up, a rendezvous that kept failing. The
+    job is requeued while Slurm's restart count is below `max_requeues`; the next attempt
+    resumes from the latest complete checkpoint, and a crash loop stops itself (70)."""
+    return [
+        'elif [ "$requeue" -eq 1 ] && [ "$rc" -ne 0 ] && ! case "$rc" in 2|65|70|74) true;; '
+        "*) false;; esac; then",
+        f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_requeues} ]; then',
+        "        echo \"paperscale: the job's step failed (exit $rc); requeueing job "
+        f'$SLURM_JOB_ID (requeue $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max_requeues})"',
+        '        scontrol requeue "$SLURM_JOB_ID"',
+        "    else",
+        "        echo \"paperscale: the job's step failed (exit $rc) and the job was requeued "
+        f'{max_requeues} times (cluster profile max_requeues); not again"',
+        "    fi",
+        "fi",
+    ]
 
 
 def validate_job(job: JobConfig, profile: ClusterProfile, dry_run: bool = False) -> None:

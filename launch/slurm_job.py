@@ -82,6 +82,7 @@ def torchrun_command(
     rdzv_id: str,
     is_host: bool,
     grace_s: float = 30.0,
+    max_restarts: int = 0,
 ) -> list[str]:
     """torchrun for one node of a multi-node job. The first node hosts the rendezvous store
     (`is_host` is given, not guessed from host names, which may differ from the node list's).
@@ -96,7 +97,7 @@ def torchrun_command(
         f"--rdzv_endpoint={endpoint}",
         f"--rdzv_id={rdzv_id}",
         f"--rdzv_conf=is_host={int(is_host)}",
-        "--max_restarts=0",
+        f"--max_restarts={max_restarts}",
         f"--shutdown_timeout={math.ceil(grace_s)}",
         f"--signals_to_handle={TORCHRUN_SIGNALS}",
         "-m",
@@ -202,6 +203,7 @@ def node(
         rdzv_id=f"{ctx['job_id']}-{ctx['restart']}-{attempt_try}",
         is_host=ctx["node_id"] == "0",
         grace_s=job.train.stop_grace_s,
+        max_restarts=job.train.max_restarts,
     )
     print(
         f"paperscale: node {socket.gethostname()} (node {ctx['node_id']} of {nnodes}): "

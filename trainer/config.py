@@ -82,6 +82,12 @@ class TrainConfig:
     # may take on one rank, before the process exits non-zero (a dead or hung rank)
     dist_timeout_s: float = 600.0
     max_nonfinite: int = 5  # consecutive steps with a NaN/inf loss that stop the run (exit 65)
+    # restarts in place of the worker group after a rank fails (torchrun --max-restarts), each
+    # resuming from the latest complete checkpoint
+    max_restarts: int = 3
+    # attempts in a row that resume from the same checkpoint and fail before the next one:
+    # then the next attempt stops (exit 70) instead of failing the same way again
+    crash_loop_attempts: int = 3
     # seconds from a stop signal (TERM, USR1, Ctrl-C) to the exit after saving, planned for:
     # Slurm sends SIGKILL KillWait (default 30) after TERM; a step that would end too late to
     # save in time is abandoned (trainer/signals.py)
@@ -96,10 +102,13 @@ class TrainConfig:
         out: list[tuple[str, str]] = []
         for key in (
             "max_steps", "grad_accum", "log_every", "bleu_samples", "bleu_beam", "keep_last",
+            "crash_loop_attempts",
         ):  # fmt: skip
             if not _positive_int(getattr(self, key)):
                 out.append((key, f"must be a positive integer, got {getattr(self, key)!r}"))
-        for key in ("eval_every", "eval_max_batches", "bleu_every", "save_every", "seed"):
+        for key in (
+            "eval_every", "eval_max_batches", "bleu_every", "save_every", "seed", "max_restarts",
+        ):  # fmt: skip
             if not _non_negative_int(getattr(self, key)):
                 out.append((key, f"must be a non-negative integer, got {getattr(self, key)!r}"))
         if not isinstance(self.stop_grace_s, (int, float)) or not self.stop_grace_s > 0:

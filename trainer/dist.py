@@ -65,3 +65,10 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def broadcast_str(value: str) -> str:
+    """Rank 0's value on every rank (the wandb id of a fresh run is drawn on each rank)."""
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return str(box[0])

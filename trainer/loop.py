@@ -19,9 +19,10 @@ from torch.profiler import record_function
 
 from data_pipeline.loader import TokenBatchStream
 from data_pipeline.manifest import tokenizer_path
+from trainer.attempts import agree_on_start, append_event, record_failure, restart_count
 from trainer.checkpoint import CheckpointError
 from trainer.checkpointer import CheckpointManager, export_source
-from trainer.dist import DistEnv, init_distributed
+from trainer.dist import DistEnv, broadcast_str, init_distributed
 from trainer.engine import build_engine, seed_everything
 from trainer.evaluate import validation_bleu, validation_loss
 from trainer.export import export_checkpoint
@@ -32,7 +33,7 @@ from trainer.report import write_report
 from trainer.run_dir import RunDir, tag_for
 from trainer.safe_load import forbid_code_in_checkpoints
 from trainer.setup import PrecisionError, SettledJob, cluster_peak_flops, settle_job
-from trainer.signals import EXIT_NONFINITE, EXIT_SAVE_FAILED, StopRequest, Watchdog
+from trainer.signals import EXIT_NONFINITE, EXIT_SAVE_FAILED, LoopGuard, StopRequest, Watchdog
 from trainer.sinks import open_sinks
 from trainer.state import DataPosition, RngState, TrainState, rng_preserved
 from trainer.step import (
@@ -52,20 +53,33 @@ EXIT_MARGIN_S = 5.0  # of train.stop_grace_s, kept for leaving after the save
 
 
 def train(job: Any, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
-    """Run (or resume) the job in this process; every rank calls this. Returns the summary."""
+    """Run (or resume) the job in this process; every rank calls this. Returns the summary.
+    Each call is one attempt of the run (trainer/attempts.py): a crash loop stops here."""
     stop_request = StopRequest().install()  # first: a stop signal during start-up counts too
     env = init_distributed(job.train.device, job.train.dist_timeout_s)
     forbid_code_in_checkpoints()
     run = RunDir(run_dir)
-    trainer = Trainer(settle_job(job, run, resolved, env), run, env, stop_request)
-    trainer.restore_and_open()
-    with trainer.guarded():
-        while not trainer.done():
-            trainer.step()
-            trainer.maybe_log()
-            trainer.maybe_evaluate()
-            trainer.maybe_save()
-    return trainer.finish()
+    refusal = agree_on_start(run, job.train.crash_loop_attempts, env)
+    if refusal is not None:
+        stop_request.uninstall()
+        return refusal
+    trainer: Trainer | None = None
+    try:
+        trainer = Trainer(settle_job(job, run, resolved, env), run, env, stop_request)
+        trainer.restore_and_open()
+        with trainer.guarded():
+            while not trainer.done():
+                trainer.step()
+                trainer.maybe_log()
+                trainer.maybe_evaluate()
+                trainer.maybe_save()
+        summary = trainer.finish()
+    except BaseException as exc:
+        record_failure(run, env, trainer.state.step + 1 if trainer else None, exc)
+        raise
+    if env.is_main:
+        append_event(run.attempts, {"event": "end", "exit_code": summary.get("exit_code", 0)})
+    return summary
 
 
 class Trainer:
@@ -138,6 +152,12 @@ class Trainer:
             self.peak = cluster_peak_flops(
                 self.env, self.cfg.precision, self.model_cfg, self.job.data.max_tokens
             )
+        if self.env.is_main and restart_count():
+            print(
+                f"attempt {restart_count() + 1}: the worker group restarted in place "
+                f"(restart {restart_count()} of train.max_restarts={self.cfg.max_restarts})",
+                flush=True,
+            )
         if self.env.is_main and self.resumed_at is not None:
             print(
                 f"resumed from {self.run.checkpoints.tag_dir(self.settled.tag or '')} at step "
@@ -150,7 +170,7 @@ class Trainer:
         # stop signal's grace period cannot spare).
         gc.freeze()
 
-    def guarded(self) -> _Guard:
+    def guarded(self) -> LoopGuard:
         """The loop's signal handler (a stop request finishes the step and saves) and the
         watchdog (a step, evaluation or save past train.dist_timeout_s ends the process).
         A compiled model compiles again on new shapes and in eval mode (minutes for the big
@@ -159,7 +179,7 @@ class Trainer:
         if self.cfg.compile:
             timeout = max(timeout, COMPILE_TIMEOUT_S)
         self.watchdog = Watchdog(timeout)
-        return _Guard(self.stop_request, self.watchdog)
+        return LoopGuard(self.stop_request, self.watchdog)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -266,6 +286,7 @@ class Trainer:
                 "tokens_per_s": (src + tgt) / seconds,
                 "tgt_tokens_per_step": tgt / steps,  # real (unpadded) target tokens, all ranks
                 "tokens_seen": self.state.tokens_seen,
+                "attempt": restart_count(),  # torchrun's restarts of the group so far
             }
         )
         if self.peak:
@@ -375,25 +396,3 @@ class Trainer:
             "elapsed_s": round(time.perf_counter() - self.started, 1),
             "run_dir": str(self.run.root),
         }
-
-
-class _Guard:
-    """The loop's duration: afterwards the watchdog is disarmed and the stop-signal handler
-    (installed when `train` began) removed."""
-
-    def __init__(self, stop_request: StopRequest, watchdog: Watchdog) -> None:
-        self.stop_request, self.watchdog = stop_request, watchdog
-
-    def __enter__(self) -> _Guard:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.watchdog.disarm()
-        self.stop_request.uninstall()
-
-
-def broadcast_str(value: str) -> str:
-    """Rank 0's value on every rank (the wandb id of a fresh run is drawn on each rank)."""
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return str(box[0])

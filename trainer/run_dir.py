@@ -5,6 +5,7 @@ RUN/config.yaml                 the resolved config (the precision it trains in,
 RUN/spm.model                   the run's copy of the tokenizer
 RUN/metrics.jsonl               one JSON object per logged step / evaluation
 RUN/summary.json                how the last `train` ended (exit code, error, figures)
+RUN/attempts.jsonl              every start of the worker group and how it ended
 RUN/tb/  RUN/wandb/             TensorBoard events, the wandb run
 RUN/report.png                  curves of metrics.jsonl
 RUN/profile/step_<first>-<last>/   `profile.enabled`: traces and tables (trainer/profiler.py)
@@ -197,6 +198,11 @@ class RunDir:
     @property
     def summary(self) -> Path:
         return self.root / SUMMARY
+
+    @property
+    def attempts(self) -> Path:
+        """The record of the run's attempts (trainer/attempts.py)."""
+        return self.root / "attempts.jsonl"
 
     @property
     def report(self) -> Path:

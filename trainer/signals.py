@@ -96,3 +96,18 @@ class StopRequest:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+class LoopGuard:
+    """The loop's duration: afterwards the watchdog is disarmed and the stop-signal handler
+    (installed when `train` began) removed."""
+
+    def __init__(self, stop_request: StopRequest, watchdog: Watchdog) -> None:
+        self.stop_request, self.watchdog = stop_request, watchdog
+
+    def __enter__(self) -> LoopGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.watchdog.disarm()
+        self.stop_request.uninstall()

@@ -68,8 +68,7 @@ def torchrun_with_restarts(
     job.run.dir = str(run_dir)
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(to_yaml(job))
-    cmd = torchrun_command(2, run_dir / "config.yaml", run_dir)
-    cmd.insert(cmd.index("--standalone") + 1, f"--max-restarts={max_restarts}")
+    cmd = torchrun_command(2, run_dir / "config.yaml", run_dir, max_restarts=max_restarts)
     return subprocess.run(
         cmd, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=timeout
     )

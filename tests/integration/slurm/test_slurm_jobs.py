@@ -49,11 +49,12 @@ def submit_tiny(
     run_dir: Path,
     extra_env: dict[str, str] | None = None,
     *options: str,
+    overrides: tuple[str, ...] = (),
 ) -> str:
     proc = submit(
         cluster,
         "--config", str(ROOT / "configs/tiny.yaml"), "--cluster", "local", *options,
-        "--run-dir", str(run_dir), f"data.dir={data}", *JOB_ARGS,
+        "--run-dir", str(run_dir), f"data.dir={data}", *JOB_ARGS, *overrides,
         cwd=run_dir.parent, extra_env=extra_env,
     )  # fmt: skip
     return submitted_job(proc)
@@ -381,3 +382,80 @@ def test_scancel_saves_and_a_new_submit_resumes_from_there(
     assert f"at step {stopped}" in log.read_text()
     straight, resumed = losses(straight_run[0]), losses(run_dir)
     assert [resumed[s] for s in sorted(resumed)] == [straight[s] for s in sorted(straight)]
+
+
+def fault_env(**faults: str) -> dict[str, str]:
+    return {f"PAPERSCALE_FAULT_{k.upper()}": v for k, v in faults.items()}
+
+
+@pytest.mark.timeout(900)
+def test_a_rank_killed_in_a_job_is_restarted_in_place(
+    slurm: LocalSlurm,
+    synthetic_data: Path,
+    tmp_path: Path,
+    straight_run: tuple[Path, str, dict[str, str]],
+) -> None:
+    """SIGKILL of rank 1 after step 14: torchrun restarts the group inside the same job, from
+    the checkpoint of step 12; the job completes without a requeue, with the straight run's
+    losses."""
+    run_dir = tmp_path / "run"
+    job_id = submit_tiny(slurm, synthetic_data, run_dir, fault_env(rank="1", kill_at_step="14"))
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    fields = wait_for(slurm, job_id, finished, 600, "finished", log)
+    text = log.read_text()
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "0", (fields, text[-3000:])
+    assert "fault injected: rank 1 SIGKILL after step 14" in text
+    assert "attempt 2: the worker group restarted in place (restart 1 of " in text
+    assert "at step 12" in text
+    straight, got = losses(straight_run[0]), losses(run_dir)
+    assert [got[s] for s in sorted(got)] == [straight[s] for s in sorted(straight)]
+
+
+@pytest.mark.timeout(1200)
+def test_a_node_whose_processes_all_die_is_requeued_and_resumes(
+    slurm: LocalSlurm,
+    synthetic_data: Path,
+    tmp_path: Path,
+    straight_run: tuple[Path, str, dict[str, str]],
+) -> None:
+    """Every process of the job's step killed (as when its node is lost): no torchrun is left
+    to restart anything; the batch shell requeues the job, which resumes from the latest
+    checkpoint and ends with the straight run's losses."""
+    run_dir = tmp_path / "run"
+    job_id = submit_tiny(slurm, synthetic_data, run_dir)
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    wait_for_steps(slurm, job_id, run_dir, 14)
+    subprocess.run(
+        ["scancel", "--signal=KILL", f"{job_id}.0"], env=slurm.env(), check=True, timeout=60
+    )
+    release_when_pending(slurm, job_id, log)
+    fields = wait_for(slurm, job_id, finished, 600, "finished", log)
+    text = log.read_text()
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, text[-3000:])
+    assert (
+        "the job's step failed (exit " in text and f"requeueing job {job_id} (requeue 1 of" in text
+    )
+    assert f"slurm job {job_id} (restart 1)" in text and "at step 12" in text
+    straight, got = losses(straight_run[0]), losses(run_dir)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert [got[s] for s in sorted(got)] == [straight[s] for s in sorted(straight)]
+
+
+@pytest.mark.timeout(900)
+def test_a_crash_loop_ends_the_job_with_its_code_and_no_requeue(
+    slurm: LocalSlurm, synthetic_data: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    env = fault_env(rank="1", kill_at_step=",".join(["14"] * 7))
+    job_id = submit_tiny(
+        slurm, synthetic_data, run_dir, env,
+        overrides=("train.max_restarts=6", "train.crash_loop_attempts=3"),
+    )  # fmt: skip
+    log = run_dir / "logs" / f"slurm-{job_id}.out"
+    fields = wait_for(slurm, job_id, finished, 800, "finished", log)
+    text = log.read_text()
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "70:0", (fields, text[-3000:])
+    assert text.count("paperscale: error: crash loop: the last 3 attempts resumed from ") == 1
+    assert "requeueing" not in text
+    time.sleep(3)
+    assert job_fields(slurm, job_id)["Restarts"] == "0"
