@@ -15,7 +15,7 @@ import pytest
 from launch.cluster import ClusterProfile
 from launch.config import load_config, to_yaml
 from launch.rendezvous import TRIES, first_error, free_port, port_for_try
-from launch.slurm import batch_script
+from launch.slurm_script import batch_script
 from tests.integration.conftest import cli_env
 from trainer.run_dir import RunDir
 

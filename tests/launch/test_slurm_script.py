@@ -13,8 +13,8 @@ import pytest
 
 from launch.cluster import ClusterProfile, load_profile
 from launch.config import ConfigError
-from launch.slurm import batch_script
 from launch.slurm_job import torchrun_command
+from launch.slurm_script import batch_script
 from launch.status import format_status, run_status
 
 ROOT = Path(__file__).resolve().parents[2]
