@@ -16,9 +16,10 @@ from trainer.run_dir import RunDir
 
 
 def load_train_job(args: argparse.Namespace) -> JobConfig:
-    """The job as `train` runs it; every problem is a ConfigError before anything starts."""
+    """The job as `train` runs it; every problem is a ConfigError before anything starts
+    (what the run dir holds is checked once its lock is taken)."""
     from launch.config import check_data_dir, load_config
-    from launch.local import inside_torchrun, use_cuda
+    from launch.local import use_cuda
 
     job = load_config(args.config, args.overrides)
     if args.run_dir:
@@ -32,10 +33,6 @@ def load_train_job(args: argparse.Namespace) -> JobConfig:
             "fp16 needs a GPU (DeepSpeed's CPU accelerator refuses it); use auto or fp32",
         )
     job.run.dir = str(job.run_dir().resolve())
-    if not inside_torchrun():
-        from launch.preflight import check_resume
-
-        check_resume(job, Path(job.run.dir))
     return job
 
 
@@ -56,14 +53,30 @@ def take_run_lock(run: RunDir, is_main: bool) -> Any:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from launch.config import to_dict, to_yaml
-    from launch.local import inside_torchrun, run_torchrun, use_cuda
-    from trainer.run_dir import write_atomic
-
     job = load_train_job(args)
     run = RunDir(Path(job.run.dir))
     is_main = os.environ.get("RANK", "0") == "0"
     lock = take_run_lock(run, is_main)
+    try:
+        return train_locked(args, job, run, is_main, lock)
+    finally:
+        if lock:
+            lock.release()
+
+
+def train_locked(
+    args: argparse.Namespace, job: JobConfig, run: RunDir, is_main: bool, lock: Any
+) -> int:
+    """`train` once the run dir is this process's (or its launcher's)."""
+    from launch.config import to_dict, to_yaml
+    from launch.local import inside_torchrun, run_torchrun, use_cuda
+    from trainer.run_dir import write_atomic
+
+    if not inside_torchrun():
+        from launch.preflight import check_resume
+
+        # Under the lock: another writer's save or pruning cannot change what it reads.
+        check_resume(job, run.root)
     if is_main:
         run.root.mkdir(parents=True, exist_ok=True)
         write_atomic(run.config, to_yaml(job))

@@ -61,7 +61,16 @@ def check(run_dir: Path) -> int:
     try:
         job = load_config(RunDir(run_dir).config, [f"run.dir={run_dir}"])
         check_data_dir(job)
-        check_resume(job, run_dir)
+        from trainer.run_lock import RunLock, RunLocked
+
+        try:  # taken for the check only: node 0's task takes it for the run
+            lock = RunLock(run_dir).acquire()
+        except RunLocked as exc:
+            raise ConfigError("--run-dir", str(exc)) from None
+        try:
+            check_resume(job, run_dir)
+        finally:
+            lock.release()
         if job.train.precision == "fp16":
             from launch.local import use_cuda
 
@@ -222,7 +231,11 @@ def node(
             return 2
         env[HOLDER_ENV] = str(lock.path)
     keep = (lock.fd,) if lock else ()
-    result = run_torchrun_resending(command, env, received, keep)
+    try:
+        result = run_torchrun_resending(command, env, received, keep)
+    finally:
+        if lock:
+            lock.release()
     if result.returncode != 0 and not result.ranks_started:
         reason = first_error(result.stderr_tail) or f"torchrun exited {result.returncode}"
         record_startup_failure(

@@ -141,6 +141,8 @@ class RunLock:
         self._stop.set()
         if self.file is not None:
             with contextlib.suppress(OSError):
+                self.file.truncate(0)  # released: no record left for other hosts to honour
+                self.file.flush()
                 fcntl.flock(self.file.fileno(), fcntl.LOCK_UN)
             self.file.close()
             self.file = None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.run_lock import LOCK_NAME, STALE_S, Holder, RunLock, RunLocked
+from trainer.run_lock import LOCK_NAME, STALE_S, Holder, RunLock, RunLocked, read_holder
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = (
@@ -88,3 +88,12 @@ def test_an_earlier_attempt_of_the_same_job_and_a_dead_pid_are_taken_over(
                           capture_output=True, text=True, check=True)  # fmt: skip
     write_record(tmp_path, Holder(Holder.me().host, int(dead.stdout), "", "t"), age_s=1)
     RunLock(tmp_path).acquire().release()
+
+
+def test_a_released_lock_leaves_no_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check that takes the lock for a moment (the Slurm job's `check`) must not leave a
+    fresh record that a writer on another host would honour until it is stale."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    RunLock(tmp_path).acquire().release()
+    assert (tmp_path / LOCK_NAME).read_text() == ""
+    assert read_holder(tmp_path / LOCK_NAME) is None

@@ -74,6 +74,7 @@ def torchrun_with_restarts(
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks, however started
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The fault tests share one reference run (a session fixture): under pytest-xdist they
     run on one worker, one after another, so that it is trained once."""
