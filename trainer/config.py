@@ -32,6 +32,9 @@ class OptimConfig:
     weight_decay: float = 0.0
     clip_grad: float = 0.0  # 0 = no clipping (the paper)
     fused: bool = True  # torch's fused Adam kernel (CUDA and CPU); false: its per-tensor loop
+    # The gradient norm of every step (logged as grad_norm, needed by clip_grad > 0); false
+    # saves a norm kernel per gradient, a collective and, in fp32, a device sync per step.
+    grad_norm: bool = True
 
     def problems(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -50,6 +53,8 @@ class OptimConfig:
             out.append(("weight_decay", f"must be >= 0, got {self.weight_decay!r}"))
         if not self.clip_grad >= 0:
             out.append(("clip_grad", f"must be >= 0 (0 = off), got {self.clip_grad!r}"))
+        elif self.clip_grad > 0 and not self.grad_norm:
+            out.append(("grad_norm", "must be true when clip_grad > 0 (clipping needs the norm)"))
         return out
 
 

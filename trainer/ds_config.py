@@ -11,6 +11,14 @@ from trainer.config import OptimConfig, TrainConfig
 BUCKET_ELEMENTS = 500_000_000
 
 
+def skips_nonfinite_steps(optim: OptimConfig) -> bool:
+    """Whether the train step itself leaves the weights and Adam's state unchanged in a step
+    whose loss was not finite on some rank (trainer/step.py: torch's fused Adam takes a
+    device-side `found_inf`, so no host read). The unfused kernel does not: there DeepSpeed's
+    own check stays on."""
+    return optim.fused
+
+
 def build_ds_config(
     train: TrainConfig, optim: OptimConfig, world_size: int, load_universal: bool = False
 ) -> dict[str, Any]:
@@ -44,10 +52,17 @@ def build_ds_config(
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
     }
+    # DeepSpeed's throughput timer synchronises the device in every forward and step (two
+    # syncs per micro-batch on a GPU); the trainer measures its own throughput without one.
+    config["timers"] = {"throughput": {"enabled": False, "synchronized": False}}
+    if not optim.grad_norm:  # no norm kernels (nor, in fp32, the check of the norm on the host)
+        zero["compute_grad_norm"] = False
     if load_universal:  # resuming a checkpoint saved on another number of ranks
         config["checkpoint"] = {"load_universal": True}
     if train.precision == "bf16":
-        config["bf16"] = {"enabled": True}
+        # Its per-step overflow check costs a norm per gradient, a collective and a host read;
+        # where the train step guards the update itself (skips_nonfinite_steps) it is off.
+        config["bf16"] = {"enabled": True, "check_grad_overflow": not skips_nonfinite_steps(optim)}
     elif train.precision == "fp16":
         config["fp16"] = {
             "enabled": True,

@@ -72,11 +72,41 @@ def train_step(
             engine.backward(loss * factor)
         if abandon is not None and i < len(batches) - 1 and abandon(i):
             return StepResult(sums, agreed, completed=False, micro_batches_run=i + 1)
+        sums[:3] += torch.stack([loss.detach(), nll.detach(), ntok.detach()]).double()
+        guarded = guard_update(engine, sums) if i == len(batches) - 1 else None
         with record_function(REGION_OPTIMIZER):
             engine.step()
-        sums[:3] += torch.stack([loss.detach(), nll.detach(), ntok.detach()]).double()
+        if guarded is not None:
+            guarded.found_inf = None  # type: ignore[attr-defined]  # for this update only
     sums[3] = float(sum(b.n_src_tokens for b in batches))
     return StepResult(sums, agreed, completed=True)
+
+
+def torch_optimizer(engine: Any) -> torch.optim.Optimizer | None:
+    """The torch optimizer inside DeepSpeed's wrappers (ZeRO's, bf16's), or None."""
+    opt = getattr(engine, "optimizer", None)
+    for _ in range(4):
+        if isinstance(opt, torch.optim.Optimizer):
+            return opt
+        opt = getattr(opt, "optimizer", None)
+    return None
+
+
+def guard_update(engine: Any, sums: torch.Tensor) -> torch.optim.Optimizer | None:
+    """Before the step's update: where torch's fused Adam runs (trainer/ds_config.py
+    `skips_nonfinite_steps`), give it `found_inf`, 1.0 when the step's loss was not finite on
+    some rank, so that the update, Adam's moments and its step count stay as they were. One
+    one-element all-reduce on the device, no host read (DeepSpeed's own overflow check, which
+    costs a norm per gradient and a host read, is off then). The learning-rate schedule still
+    advances; the loop counts the step as non-finite (train.max_nonfinite)."""
+    opt = torch_optimizer(engine)
+    if opt is None or not opt.defaults.get("fused"):
+        return None
+    bad = (~torch.isfinite(sums[0])).to(torch.float32)  # () as Adam takes it
+    if dist.get_world_size() > 1:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    opt.found_inf = bad  # type: ignore[attr-defined]  # read by Adam.step (fused)
+    return opt
 
 
 def nonfinite_flag(sums: torch.Tensor | None, device: torch.device) -> torch.Tensor:

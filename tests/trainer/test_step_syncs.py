@@ -1,0 +1,151 @@
+"""The train step on a real DeepSpeed engine in this process (a world of one, gloo): the
+device-to-host reads and device synchronisations a step makes are counted, so that the count
+stays pinned at the design's one per step (the all-reduce of the step's token counts and
+flags); and a step whose loss is not finite leaves the weights and Adam's state as they were,
+without DeepSpeed's overflow check."""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+
+from data_pipeline.batching import Batch
+from launch.config import load_config
+from model.config import ModelConfig
+from trainer.dist import DistEnv, free_port
+from trainer.engine import build_engine
+from trainer.step import torch_optimizer, train_step
+
+pytestmark = pytest.mark.xdist_group("step_syncs")  # a module-scoped process group: one worker
+
+TINY = [
+    "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.encoder_layers=1",
+    "model.decoder_layers=1", "model.vocab_size=64", "train.zero_stage=1", "train.grad_accum=2",
+]  # fmt: skip
+
+# Tensor methods that read a value back to the host (each a device sync on a GPU).
+HOST_READS = {
+    torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
+    torch.Tensor.__int__, torch.Tensor.cpu, torch.Tensor.numpy,
+}  # fmt: skip
+
+
+class CountReads(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: collections.Counter[str] = collections.Counter()
+
+    def __torch_function__(
+        self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        if func in HOST_READS:
+            self.reads[func.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[DistEnv]:
+    saved = dict(os.environ)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    yield DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def engine_for(env: DistEnv, *over: str) -> Any:
+    job = load_config(None, [*TINY, *over])
+    torch.manual_seed(0)
+    return build_engine(job, ModelConfig(**job.model.__dict__), env)
+
+
+def batches(seed: int) -> list[Batch]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(2):
+        src = torch.randint(4, 64, (4, 8), generator=g)  # (B, S)
+        tgt = torch.randint(4, 64, (4, 9), generator=g)  # (B, T + 1)
+        out.append(Batch(src, tgt[:, :-1], tgt[:, 1:], n_src_tokens=32, n_tgt_tokens=32))
+    return out
+
+
+def step(engine: Any, env: DistEnv, seed: int) -> Any:
+    return train_step(engine, batches(seed), env, 0.1, [False, False], torch.zeros(1))
+
+
+@pytest.mark.parametrize(
+    "over",
+    [("train.precision=bf16",), ("train.precision=fp32", "optim.grad_norm=false")],
+    ids=["bf16", "fp32-no-grad-norm"],
+)
+def test_a_step_reads_the_device_once(env: DistEnv, over: tuple[str, ...]) -> None:
+    from deepspeed.accelerator import get_accelerator
+
+    engine = engine_for(env, *over)
+    accelerator = get_accelerator()
+    synchronize = accelerator.synchronize
+    syncs = []
+    accelerator.synchronize = lambda *a, **k: syncs.append(1) or synchronize(*a, **k)
+    try:
+        for seed in range(4):  # DeepSpeed's throughput timer would start syncing at step 2
+            counter = CountReads()
+            with counter:
+                result = step(engine, env, seed)
+            assert result.completed
+            assert dict(counter.reads) == {"tolist": 1}, f"step {seed}: {dict(counter.reads)}"
+    finally:
+        accelerator.synchronize = synchronize
+    assert syncs == []
+
+
+def test_the_fp32_grad_norm_costs_one_more_read(env: DistEnv) -> None:
+    """What optim.grad_norm=false saves, counted the same way (DeepSpeed checks the norm)."""
+    engine = engine_for(env, "train.precision=fp32")
+    counter = CountReads()
+    with counter:
+        step(engine, env, 0)
+    assert sum(counter.reads.values()) == 2 and counter.reads["tolist"] == 1
+
+
+def state(engine: Any) -> list[torch.Tensor]:
+    opt = torch_optimizer(engine)
+    assert opt is not None
+    moments = [t for s in opt.state.values() for t in s.values()]
+    return [p.detach().clone() for p in engine.module.parameters()] + [
+        t.detach().clone() for t in moments
+    ]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_non_finite_step_changes_nothing(env: DistEnv, precision: str) -> None:
+    engine = engine_for(env, f"train.precision={precision}")
+    step(engine, env, 0)
+    before = state(engine)
+    poison = engine.module.register_forward_hook(
+        lambda mod, args, out: (out[0] * float("nan"), *out[1:])
+    )
+    try:
+        result = step(engine, env, 1)  # NaN loss, NaN gradients
+    finally:
+        poison.remove()
+    assert result.completed and not torch.isfinite(result.sums[0])
+    after = state(engine)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert torch_optimizer(engine).found_inf is None  # type: ignore[union-attr]  # one step only
+    result = step(engine, env, 2)  # the next finite step trains again
+    assert torch.isfinite(result.sums[0])
+    later = state(engine)
+    assert any(not torch.equal(a, b) for a, b in zip(before, later, strict=True))
+    assert all(t.isfinite().all() for t in later)
