@@ -8,7 +8,9 @@ Run under torchrun so every rank writes its ZeRO partition, e.g.
 
 One optimizer step on random tokens fills the Adam moments, then the real save path
 (trainer.checkpointer.CheckpointManager.save: DeepSpeed files, per-rank state, `latest`
-last) is timed, and the restore path after it. The engine is in the precision a training run
+last) is timed, and the restore path after it. Then background saves (train.async_save) and
+synchronous ones alternate: the stall (until `save` returns, the state copied to host memory)
+and the time until the checkpoint is published, against a synchronous save, best of each. The engine is in the precision a training run
 would pick on this machine (`train.precision: auto` settled as the trainer settles it), which
 sets the bytes per parameter.
 
@@ -79,6 +81,19 @@ def main() -> None:
     start = time.perf_counter()
     tag = manager.save(1)
     saved = time.perf_counter() - start
+    stalls, totals, syncs = [], [], [saved]
+    for i in range(1 if args.smoke else 2):  # side by side: background, then synchronous
+        dist.barrier()
+        start = time.perf_counter()
+        manager.save(2 + 2 * i, background=True)
+        stalls.append(time.perf_counter() - start)  # what the training loop waits for
+        manager.publish(wait=True)
+        totals.append(time.perf_counter() - start)
+        dist.barrier()
+        start = time.perf_counter()
+        tag = manager.save(3 + 2 * i)
+        syncs.append(time.perf_counter() - start)
+    stall, total, sync = min(stalls), min(totals), min(syncs)
     start = time.perf_counter()
     manager.restore(tag)
     dist.barrier()
@@ -94,6 +109,9 @@ def main() -> None:
               f"({size / params:.1f} bytes per parameter)")  # fmt: skip
         print(f"save              {saved:.1f} s ({size / 2**20 / saved:,.0f} MiB/s)")
         print(f"load              {loaded:.1f} s")
+        print(f"async save        {stall:.2f} s stall (state copied to host memory), written "
+              f"and published in {total:.1f} s; synchronous {sync:.1f} s: stall "
+              f"{stall / sync:.3f} of a synchronous save")  # fmt: skip
         # what `paperscale plan` says of this save: one node holding every rank
         plan = save_plan(params, job.train.zero_stage, env.world_size, env.world_size,
                          job.train.precision)  # fmt: skip
@@ -119,6 +137,10 @@ def main() -> None:
                 row("plan checkpoint size", plan.total_bytes / 2**20, "MiB", **case),
                 row("plan save estimate", plan.seconds, "s", write_gbs=plan.write_gbs, **case),
                 row("measured save / plan estimate", saved / plan.seconds, "x", **case),
+                row("synchronous save (best of the side by side)", sync, "s", **case),
+                row("async save: stall", stall, "s", **case),
+                row("async save: written and published", total, "s", **case),
+                row("async stall / synchronous save", stall / sync, "x", **case),
             ],
         )
     dist.barrier()

@@ -218,6 +218,16 @@ REGISTRY: tuple[Bench, ...] = (
         smoke_timeout_s=300,
     ),
     Bench(
+        "checkpoint_tiny",
+        "Checkpoint size, save / load seconds and the background save's stall of the demo "
+        "preset on 2 CPU ranks.",
+        (*TORCHRUN, "bench/checkpoint.py", "--config", "configs/tiny.yaml", "--json", "{json}"),
+        (*TORCHRUN, "bench/checkpoint.py", "--smoke", "--json", "{json}"),
+        CPU_RANKS,
+        timeout_s=900,
+        smoke_timeout_s=300,
+    ),
+    Bench(
         "checkpoint_big",
         "Checkpoint size and save / load seconds of the big model on 2 CPU ranks, against "
         "`paperscale plan`'s estimate.",

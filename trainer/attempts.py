@@ -32,6 +32,16 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
+def announce_attempt(max_restarts: int) -> None:
+    """The line that says this attempt is a restart in place (rank 0 calls it)."""
+    if restart_count():
+        print(
+            f"attempt {restart_count() + 1}: the worker group restarted in place "
+            f"(restart {restart_count()} of train.max_restarts={max_restarts})",
+            flush=True,
+        )
+
+
 @dataclass
 class Attempt:
     """What the record says of one attempt."""

@@ -10,6 +10,8 @@ without DeepSpeed), then the `complete` marker and `latest`:
 
 A save interrupted anywhere leaves `latest` naming the previous complete checkpoint; one that
 fails on any rank raises CheckpointError on all of them and removes its partial directory.
+A background save (train.async_save) copies the files' state to host memory, writes them from a
+thread, and is published (the second agreement on) by `publish` at a later step.
 Observers (fault injection in the tests) hear when a save starts and after every file.
 """
 
@@ -20,12 +22,14 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from trainer.async_save import BackgroundWrite, QueuedWrites
 from trainer.checkpoint import (
     CheckpointError,
     RecordedWrites,
@@ -43,6 +47,16 @@ from trainer.state import RankStateful, TrainState
 ASSUMED_WRITE_BYTES_S = 200e6
 # lets ds_to_universal convert a checkpoint for another number of ranks
 UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
+
+
+@dataclass
+class Pending:
+    """A background save whose files are being written."""
+
+    tag: str
+    step: int
+    started: float
+    writes: BackgroundWrite
 
 
 class SaveObserver(Protocol):
@@ -69,6 +83,7 @@ class CheckpointManager:
         precision: str,
         check_space: bool = True,
         observers: Sequence[SaveObserver] = (),
+        host_group: Any = None,
     ) -> None:
         self.ckpts = ckpts
         self.engine = engine
@@ -83,6 +98,9 @@ class CheckpointManager:
         self.observers = list(observers)
         self.n_params = sum(p.numel() for p in engine.module.parameters())
         self.last_save_s: float | None = None  # how long the last save took on this rank
+        self.last_stall_s: float | None = None  # how long it held the training loop up
+        self.host_group = host_group  # a gloo group for host flags (None: the default group)
+        self.pending: Pending | None = None  # a background save not yet published
 
     def rank_states(self) -> dict[str, dict[str, Any]]:
         """A snapshot of this rank's per-rank states (cheap: positions and generator states)."""
@@ -105,22 +123,67 @@ class CheckpointManager:
 
     # -- saving ---------------------------------------------------------------------------
 
-    def save(self, step: int) -> str:
-        """Save on every rank (all ranks call this at the same step); returns the tag."""
+    def save(self, step: int, background: bool = False) -> str:
+        """Save on every rank (all ranks call this at the same step); returns the tag.
+        `background`: copy the state to host memory and return; the files are written by a
+        thread and the checkpoint published by a later `publish` (trainer/async_save.py).
+        A save still pending is published first."""
+        self.publish(wait=True)
         started = time.monotonic()
-        tag = self._save(step)
-        self.last_save_s = time.monotonic() - started
+        tag = tag_for(step)
+        self._begin(tag, step)
+        if background:
+            self.pending = self._start_background(tag, step, started)
+            self.last_stall_s = time.monotonic() - started
+            return tag
+        error = self._write_engine_and_rank_files(tag, step)
+        self._complete(tag, step, error)
+        self.last_save_s = self.last_stall_s = time.monotonic() - started
         return tag
 
-    def _save(self, step: int) -> str:
-        tag = tag_for(step)
+    def publish(self, wait: bool) -> str | None:
+        """The pending background save, published once every rank has written its files:
+        its tag, or None while some rank still writes (`wait`: block until then) or when
+        none is pending. All ranks call this at the same step (one host all-reduce)."""
+        pending = self.pending
+        if pending is None:
+            return None
+        if wait:
+            pending.writes.wait()
+        flag = torch.tensor([float(pending.writes.running())])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.host_group)
+        if flag.item() > 0:
+            return None
+        self.pending = None
+        self._complete(pending.tag, pending.step, pending.writes.error)
+        self.last_save_s = time.monotonic() - pending.started
+        return pending.tag
+
+    def _start_background(self, tag: str, step: int, started: float) -> Pending:
+        writes = BackgroundWrite(
+            self.engine.checkpoint_engine.save, lambda: self._file_written(step)
+        )
+        client_state = {**self.train_state.state_dict(), **UNIVERSAL_INFO}
+        with QueuedWrites(self.engine, writes):
+            self.engine.save_checkpoint(
+                str(self.ckpts.root), tag=tag, client_state=client_state, save_latest=False
+            )
+        writes.add({n: s.state_dict() for n, s in self.per_rank.items()},
+                   self.ckpts.rank_file(tag, self.rank), atomic=True)  # fmt: skip
+        writes.start()
+        return Pending(tag, step, started, writes)
+
+    def _begin(self, tag: str, step: int) -> None:
         self.ckpts.root.mkdir(parents=True, exist_ok=True)
         self._check_space(tag)
         for observer in self.observers:
             observer.save_started(step)
         if self.rank == 0:  # a marker left by an interrupted save of the same tag
             self.ckpts.complete_marker(tag).unlink(missing_ok=True)
-        error = self._write_engine_and_rank_files(tag, step)
+
+    def _complete(self, tag: str, step: int, error: str | None) -> None:
+        """Once every rank's files are written (or one failed): rank 0 publishes, or all raise
+        and the partial directory is removed."""
         problems = agree(error is not None, error or "", self.engine.device)
         if not problems:
             error = self._mark_complete(tag, step) if self.rank == 0 else None
@@ -133,7 +196,6 @@ class CheckpointManager:
                 f"checkpoint {tag} not saved: {problems[0]}; the last complete checkpoint is "
                 f"{self.last_complete()}"
             )
-        return tag
 
     def last_complete(self) -> str:
         return self.ckpts.latest_tag() or "none"

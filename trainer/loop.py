@@ -19,7 +19,7 @@ from torch.profiler import record_function
 
 from data_pipeline.loader import TokenBatchStream
 from data_pipeline.manifest import tokenizer_path
-from trainer.attempts import agree_on_start, append_event, record_failure, restart_count
+from trainer import attempts
 from trainer.checkpoint import CheckpointError
 from trainer.checkpointer import CheckpointManager, export_source
 from trainer.dist import DistEnv, broadcast_str, init_distributed
@@ -29,7 +29,7 @@ from trainer.export import export_checkpoint
 from trainer.faults import Faults
 from trainer.metrics import MetricsLogger, Throughput, memory_metrics, stderr_warn
 from trainer.profiler import StepProfiler
-from trainer.report import write_report
+from trainer.report import write_report_or_warn
 from trainer.run_dir import RunDir, tag_for
 from trainer.safe_load import forbid_code_in_checkpoints
 from trainer.setup import PrecisionError, SettledJob, cluster_peak_flops, settle_job
@@ -59,7 +59,7 @@ def train(job: Any, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     env = init_distributed(job.train.device, job.train.dist_timeout_s)
     forbid_code_in_checkpoints()
     run = RunDir(run_dir)
-    refusal = agree_on_start(run, job.train.crash_loop_attempts, env)
+    refusal = attempts.agree_on_start(run, job.train.crash_loop_attempts, env)
     if refusal is not None:
         stop_request.uninstall()
         return refusal
@@ -75,10 +75,11 @@ def train(job: Any, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
                 trainer.maybe_save()
         summary = trainer.finish()
     except BaseException as exc:
-        record_failure(run, env, trainer.state.step + 1 if trainer else None, exc)
+        attempts.record_failure(run, env, trainer.state.step + 1 if trainer else None, exc)
         raise
     if env.is_main:
-        append_event(run.attempts, {"event": "end", "exit_code": summary.get("exit_code", 0)})
+        end = {"event": "end", "exit_code": summary.get("exit_code", 0)}
+        attempts.append_event(run.attempts, end)
     return summary
 
 
@@ -104,23 +105,23 @@ class Trainer:
             pin_memory=env.device.type == "cuda",  # so .to(non_blocking=True) overlaps
         )  # fmt: skip
         self.state = TrainState(wandb_id=uuid.uuid4().hex[:12])
+        # host-side flags between micro-batches: gloo beside NCCL, so they never wait on a GPU
+        self.control_group = (
+            torch.distributed.new_group(backend="gloo") if env.device.type == "cuda" else None
+        )
         self.checkpoints = CheckpointManager(
             run.checkpoints, self.engine, env.rank, env.world_size, self.state,
             {"data": DataPosition(self.stream), "rng": RngState()},
             keep_last=self.cfg.keep_last,
             meta={"model": self.model_cfg.__dict__, "config": settled.resolved},
             precision=self.cfg.precision, check_space=not self.faults.skip_space_check,
-            observers=[self.faults],
+            observers=[self.faults], host_group=self.control_group,
         )  # fmt: skip
         self.profiler = StepProfiler(self.job, settled.precision.precision, run, env)
         self.timer = Throughput()
         self.window = torch.zeros(4, dtype=torch.float64, device=env.device)
         self.window_flops = 0.0  # this rank's training FLOPs since the last log step
         self.window_steps = 0  # steps summed in the window
-        # host-side flags between micro-batches: gloo beside NCCL, so they never wait on a GPU
-        self.control_group = (
-            torch.distributed.new_group(backend="gloo") if env.device.type == "cuda" else None
-        )
         self.record: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.first_loss: float | None = None
@@ -152,12 +153,8 @@ class Trainer:
             self.peak = cluster_peak_flops(
                 self.env, self.cfg.precision, self.model_cfg, self.job.data.max_tokens
             )
-        if self.env.is_main and restart_count():
-            print(
-                f"attempt {restart_count() + 1}: the worker group restarted in place "
-                f"(restart {restart_count()} of train.max_restarts={self.cfg.max_restarts})",
-                flush=True,
-            )
+        if self.env.is_main:
+            attempts.announce_attempt(self.cfg.max_restarts)
         if self.env.is_main and self.resumed_at is not None:
             print(
                 f"resumed from {self.run.checkpoints.tag_dir(self.settled.tag or '')} at step "
@@ -172,9 +169,8 @@ class Trainer:
 
     def guarded(self) -> LoopGuard:
         """The loop's signal handler (a stop request finishes the step and saves) and the
-        watchdog (a step, evaluation or save past train.dist_timeout_s ends the process).
-        A compiled model compiles again on new shapes and in eval mode (minutes for the big
-        model with max-autotune): its phases get an hour at least."""
+        watchdog (a phase past train.dist_timeout_s ends the process; a compiled model, which
+        compiles again on new shapes and in eval mode, gets an hour at least)."""
         timeout = self.cfg.dist_timeout_s
         if self.cfg.compile:
             timeout = max(timeout, COMPILE_TIMEOUT_S)
@@ -252,7 +248,7 @@ class Trainer:
         torch.distributed.all_reduce(flag, group=self.control_group)
         return bool(flag.item() > 0)
 
-    def _final(self) -> bool:
+    def _final(self) -> bool:  # the last step of the run
         return self.state.step == self.cfg.max_steps
 
     def maybe_log(self) -> None:
@@ -286,7 +282,7 @@ class Trainer:
                 "tokens_per_s": (src + tgt) / seconds,
                 "tgt_tokens_per_step": tgt / steps,  # real (unpadded) target tokens, all ranks
                 "tokens_seen": self.state.tokens_seen,
-                "attempt": restart_count(),  # torchrun's restarts of the group so far
+                "attempt": attempts.restart_count(),  # torchrun's restarts of the group so far
             }
         )
         if self.peak:
@@ -320,17 +316,18 @@ class Trainer:
                 self.cfg.eval_max_batches,
             )  # fmt: skip
             if with_bleu:
-                bleu = validation_bleu(
+                out |= validation_bleu(
                     self.engine, self.data_dir, data, self.settled.tokenizer, env,
                     self.cfg.bleu_samples, self.cfg.bleu_beam,
                 )  # fmt: skip
-                out.update(bleu)
         return out
 
     def maybe_save(self) -> None:
         """Save on save steps, at the end, on a stop request or when the clock says so; never
         a checkpoint of a step whose loss was not finite."""
         cfg, step = self.cfg, self.state.step
+        if self.checkpoints.pending is not None:  # a background save: published once written
+            self.publish(wait=False)
         due = (cfg.save_every and step % cfg.save_every == 0) or self._final()
         if self.failure is not None or not (due or self.stopping or self.save_due):
             return
@@ -343,16 +340,24 @@ class Trainer:
                 if self.env.is_main:
                     stderr_warn(f"step {step}: the loss is not finite; no checkpoint saved")
                 return
-            try:
-                self.checkpoints.save(step)
-            except CheckpointError as exc:
-                self.failure = (EXIT_SAVE_FAILED, str(exc))
+            background = cfg.async_save and not (self._final() or self.stopping)  # then: down
+            self.publish(wait=True, then_save=(step, background))
+
+    def publish(self, wait: bool, then_save: tuple[int, bool] | None = None) -> None:
+        """Publish a background save once written (and then save `then_save`'s step)."""
+        try:
+            self.checkpoints.publish(wait)
+            if then_save is not None:
+                self.checkpoints.save(*then_save)
+        except CheckpointError as exc:  # a failure already met stays the run's reason
+            self.failure = self.failure or (EXIT_SAVE_FAILED, str(exc))
 
     # -- the end --------------------------------------------------------------------------
 
     def finish(self) -> dict[str, Any]:
         """The summary; a finished run exports its last checkpoint and plots its report."""
         env = self.env
+        self.publish(wait=True)  # a background save still being written
         summary: dict[str, Any] = {
             "preempted": self.stopping,
             "precision": self.settled.precision.precision,
@@ -379,10 +384,7 @@ class Trainer:
         self.logger.close()
         # a stop is short of time: `paperscale report RUN` draws it later
         if env.is_main and not self.stopping and self.job.logging.report:
-            try:
-                write_report(self.run.root)
-            except Exception as exc:  # the report is a convenience; the run itself succeeded
-                stderr_warn(f"warning: report.png could not be written: {exc}")
+            write_report_or_warn(self.run.root)
         return summary
 
     def _figures(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ crashed run and on any machine that has the run dir.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,11 @@ def write_report(run_dir: Path, out: Path | None = None) -> tuple[Path, str]:
         raise ValueError(f"{run.metrics} holds no metrics")
     path = plot_report(records, out or run.report, f"paperscale run: {run_dir.name}")
     return path, summarize(records)
+
+
+def write_report_or_warn(run_root: Path) -> None:
+    """`write_report`, a warning if it fails: the report is a convenience, the run succeeded."""
+    try:
+        write_report(run_root)
+    except Exception as exc:
+        print(f"warning: report.png could not be written: {exc}", file=sys.stderr, flush=True)

@@ -137,6 +137,8 @@ def _checkpoint_as_planned(outcome: suite.Outcome) -> None:
     planned = by_figure["plan checkpoint size"]["value"]
     assert abs(measured / planned - 1) <= 0.25, (measured, planned)
     assert by_figure["plan save estimate"]["value"] > 0 and by_figure["save"]["value"] > 0
+    stall = by_figure["async save: stall"]["value"]  # the background save's side by side
+    assert 0 < stall <= by_figure["async save: written and published"]["value"]
 
 
 def _preemption_within_grace(outcome: suite.Outcome) -> None:
@@ -165,6 +167,7 @@ CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
     "loss_memory": _chunked_loss_holds_less,
     "checkpoint": _checkpoint_as_planned,
     "checkpoint_big": _checkpoint_as_planned,
+    "checkpoint_tiny": _checkpoint_as_planned,
     "preemption": _preemption_within_grace,
     "peer_fairseq": _peer_paperscale_side,
     "gpu": _gpu_configurations,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,3 +177,84 @@ def test_refuses_to_start_a_save_without_room(env: DistEnv, tmp_path: Path) -> N
         manager.save(1)
     assert manager.ckpts.latest_tag() is None
     assert manager.observers[0].events == []  # type: ignore[attr-defined]
+
+
+def test_a_background_save_holds_the_state_of_its_step(env: DistEnv, tmp_path: Path) -> None:
+    """train.async_save: the state is copied at the save; training goes on while the files
+    are written; `latest` moves only at publish; the checkpoint restores the saved step's
+    weights, optimizer and per-rank states exactly (training on from it repeats the step
+    the live state took after the save, bitwise)."""
+    engine, manager = make(env, tmp_path)
+    train_one_step(engine)
+    manager.save(1)
+    train_one_step(engine)
+    manager.train_state.step = 2
+    manager.per_rank["data"].value = 42  # type: ignore[attr-defined]
+    saved_weights = weights(engine)
+    gate, original = threading.Event(), engine.checkpoint_engine.save
+
+    def held_write(state_dict: Any, path: str) -> None:
+        gate.wait(60)  # the files are written only after training has moved on
+        original(state_dict, path)
+
+    engine.checkpoint_engine.save = held_write
+    try:
+        tag = manager.save(2, background=True)
+    finally:
+        engine.checkpoint_engine.save = original
+    assert manager.pending is not None and manager.ckpts.latest_tag() == "step_00000001"
+    assert manager.publish(wait=False) is None  # still writing
+    torch.manual_seed(5)
+    train_one_step(engine)  # moves the live state on before the files are written
+    continued = weights(engine)
+    manager.per_rank["data"].value = 7  # type: ignore[attr-defined]
+    gate.set()
+    manager.pending.writes.wait()
+    assert manager.ckpts.latest_tag() == "step_00000001"  # written, not yet published
+    assert manager.publish(wait=False) == tag and manager.pending is None
+    assert manager.ckpts.latest_tag() == tag and manager.ckpts.is_complete(tag)
+    observed = manager.observers[0].events  # type: ignore[attr-defined]
+    assert observed.count(("file", 2)) == observed.count(("file", 1))  # the same files
+
+    manager.restore(tag)
+    assert all(torch.equal(saved_weights[k], v) for k, v in weights(engine).items())
+    assert manager.per_rank["data"].value == 42  # type: ignore[attr-defined]
+    torch.manual_seed(5)
+    train_one_step(engine)  # Adam's moments and step count came back too
+    assert all(torch.equal(continued[k], v) for k, v in weights(engine).items())
+
+
+def test_a_failed_background_write_keeps_latest(env: DistEnv, tmp_path: Path) -> None:
+    engine, manager = make(env, tmp_path)
+    train_one_step(engine)
+    manager.save(1)
+    calls = []
+
+    def full_disk(state_dict: Any, path: str) -> None:
+        calls.append(path)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    original = engine.checkpoint_engine.save
+    engine.checkpoint_engine.save = full_disk  # what the background thread will write with
+    try:
+        manager.save(2, background=True)
+    finally:
+        engine.checkpoint_engine.save = original
+    with pytest.raises(CheckpointError, match="No space left on device") as err:
+        manager.publish(wait=True)
+    assert len(calls) == 1  # the first failed write ends the background save
+    assert "checkpoint step_00000002 not saved" in str(err.value)
+    assert manager.ckpts.latest_tag() == "step_00000001" and manager.pending is None
+    assert not manager.ckpts.tag_dir("step_00000002").exists()
+    manager.save(2, background=True)
+    assert manager.publish(wait=True) == "step_00000002"
+
+
+def test_a_save_waits_for_the_one_pending(env: DistEnv, tmp_path: Path) -> None:
+    engine, manager = make(env, tmp_path, keep_last=2)
+    for step in (1, 2, 3):
+        train_one_step(engine)
+        manager.save(step, background=step < 3)
+    assert manager.pending is None
+    assert manager.ckpts.complete_tags() == ["step_00000002", "step_00000003"]
+    assert manager.last_stall_s is not None and manager.last_save_s is not None

@@ -31,15 +31,21 @@ KILLS = [(2, 0, 0), (3, 1, 0), (4, 2, 0), (5, 3, 0), (6, 4, 0), (7, 5, 0), (8, 6
 LATEST_WRITTEN = 6  # rank 0's 6th file is `latest`: that save counts as done
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_kill_at_every_file_boundary_of_a_save(
-    synthetic_data: Path, reference_run: Path, tmp_path: Path
+    synthetic_data: Path, reference_run: Path, tmp_path: Path, mode: str
 ) -> None:
+    """`async`: train.async_save, where the engine's and the rank's files are written by a
+    background thread while the next step trains, and rank 0 publishes (meta.json, complete,
+    latest) at a later step; the same kills, the same outcome."""
     run_dir = tmp_path / "saves"
     env = fault_env(kill_in_save=",".join(f"{s}:{f}:{r}" for s, f, r in KILLS))
-    proc = torchrun_with_restarts(run_dir, overrides(synthetic_data), len(KILLS), env, 450)
+    over = overrides(synthetic_data, STEPS, f"train.async_save={str(mode == 'async').lower()}")
+    proc = torchrun_with_restarts(run_dir, over, len(KILLS), env, 450)
     out = proc.stdout + proc.stderr
     (tmp_path / "saves.log").write_text(out)
     assert proc.returncode == 0, out[-4000:]
+    assert f"async_save: {str(mode == 'async').lower()}" in (run_dir / "config.yaml").read_text()
     assert out.count("fault injected:") == len(KILLS)
     # the interrupted checkpoint is never the one resumed from
     want = [s if (f == LATEST_WRITTEN and r == 0) else s - 1 for s, f, r in KILLS]
