@@ -11,8 +11,8 @@ One optimizer step on random tokens fills the Adam moments, then the real save p
 last) is timed, and the restore path after it. Then background saves (train.async_save) and
 synchronous ones alternate: the stall (until `save` returns, the state copied to host memory)
 and the time until the checkpoint is published, against a synchronous save, best of each.
-The engine is in the precision a training run would pick on this machine (`train.precision: auto` settled as the trainer settles it), which
-sets the bytes per parameter.
+The engine is in the precision a training run would pick on this machine (`train.precision:
+auto` settled as the trainer settles it), which sets the bytes per parameter.
 
 `--smoke` takes the tiny preset at d_model 32 and vocabulary 64 (seconds); `--json PATH` writes
 the size, bytes per parameter and save / load seconds as rows for bench/suite.py.
