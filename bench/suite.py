@@ -228,6 +228,25 @@ REGISTRY: tuple[Bench, ...] = (
         smoke_timeout_s=300,
     ),
     Bench(
+        "save_overhead",
+        "Steps/s of `paperscale train` (demo preset, 2 CPU ranks) with a save every 50 steps, "
+        "synchronous and in the background, against no saves.",
+        ("{python}", "-m", "bench.save_overhead", "--work", "{work}", "--json", "{json}"),
+        (
+            "{python}",
+            "-m",
+            "bench.save_overhead",
+            "--smoke",
+            "--work",
+            "{work}",
+            "--json",
+            "{json}",
+        ),
+        CPU_RANKS,
+        timeout_s=2400,
+        smoke_timeout_s=400,
+    ),
+    Bench(
         "checkpoint_big",
         "Checkpoint size and save / load seconds of the big model on 2 CPU ranks, against "
         "`paperscale plan`'s estimate.",

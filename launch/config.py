@@ -155,6 +155,12 @@ def validate(job: JobConfig) -> None:
             raise ConfigError(f"{name}.{key}", message)
     if not job.run.name or "/" in job.run.name:
         raise ConfigError("run.name", f"must be a non-empty name without '/', got {job.run.name!r}")
+    if job.optim.schedule == "linear" and job.train.max_steps < job.optim.warmup_steps:
+        raise ConfigError(
+            "optim.warmup_steps",
+            f"the linear schedule decays from the end of the warm-up to train.max_steps="
+            f"{job.train.max_steps}; a warm-up of {job.optim.warmup_steps} steps is longer",
+        )
 
 
 def check_data_dir(job: JobConfig) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SCHEDULES = ("inverse_sqrt", "linear")  # trainer/schedule.py
+
 
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
@@ -25,6 +27,9 @@ class OptimConfig:
 
     lr: float | None = None
     warmup_steps: int = 4000
+    # inverse_sqrt (the paper's) or linear: warm-up, then linear decay to zero at
+    # train.max_steps (trainer/schedule.py)
+    schedule: str = "inverse_sqrt"
     warmup_init_lr: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.98
@@ -42,6 +47,10 @@ class OptimConfig:
             out.append(("lr", f"must be > 0 or null (the paper's schedule), got {self.lr!r}"))
         if not _positive_int(self.warmup_steps):
             out.append(("warmup_steps", f"must be a positive integer, got {self.warmup_steps!r}"))
+        if self.schedule not in SCHEDULES:
+            out.append(
+                ("schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+            )
         if not self.warmup_init_lr >= 0:
             out.append(("warmup_init_lr", f"must be >= 0, got {self.warmup_init_lr!r}"))
         for key in ("beta1", "beta2"):

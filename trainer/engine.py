@@ -98,6 +98,8 @@ def build_engine(
         warmup_steps=job.optim.warmup_steps,
         lr=job.optim.lr,
         warmup_init_lr=job.optim.warmup_init_lr,
+        schedule=job.optim.schedule,
+        total_steps=job.train.max_steps,
     )
     engine, _, _, _ = deepspeed.initialize(
         model=model,

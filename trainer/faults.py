@@ -12,6 +12,7 @@ named by `PAPERSCALE_FAULT_RANK` (default 0):
                                         STEP:FILES[:RANK] per attempt, as above (RANK overrides
                                         PAPERSCALE_FAULT_RANK)
   PAPERSCALE_FAULT_HANG_AT_STEP=3       sleep for an hour after step 3, between two collectives
+                                        (a comma list: one step per attempt, as above)
   PAPERSCALE_FAULT_TERM_AT=4:0          SIGTERM to this rank's whole process group (as Slurm's
                                         preemption does) after micro-batch 0 of step 4
   PAPERSCALE_FAULT_NAN_FROM_STEP=4      the model's output is NaN from step 4 on
@@ -65,7 +66,7 @@ class Faults:
             return faults
         if kill := _for_attempt(env.get(PREFIX + "KILL_AT_STEP", ""), attempt):
             faults.kill_at_step = int(kill)
-        if hang := env.get(PREFIX + "HANG_AT_STEP"):
+        if hang := _for_attempt(env.get(PREFIX + "HANG_AT_STEP", ""), attempt):
             faults.hang_at_step = int(hang)
         if nan := env.get(PREFIX + "NAN_FROM_STEP"):
             faults.nan_from_step = int(nan)

@@ -1,4 +1,7 @@
-"""The paper's learning-rate schedule (linear warm-up, then inverse square root)."""
+"""Learning-rate schedules: the paper's (linear warm-up, then inverse square root), and a linear
+warm-up then linear decay to zero at the end of training (`optim.schedule: linear`), the robust
+choice when the run's length is known in advance (Li, Yumer and Ramanan, "Budgeted Training",
+ICLR 2020; fairseq's polynomial_decay with power 1)."""
 
 from __future__ import annotations
 
@@ -33,6 +36,19 @@ def inverse_sqrt_lr(
     return peak * math.sqrt(warmup_steps / step)
 
 
+def linear_decay_lr(
+    step: int, *, peak: float, warmup_steps: int, total_steps: int, warmup_init_lr: float = 0.0
+) -> float:
+    """Learning rate of optimizer step `step` (1-based): linear warm-up to `peak` at
+    `warmup_steps`, then linear decay that would reach zero at step `total_steps + 1` (so the
+    last step still moves the weights: peak / (total - warmup + 1))."""
+    step = max(step, 1)
+    if step < warmup_steps:
+        return warmup_init_lr + (peak - warmup_init_lr) * step / warmup_steps
+    left = total_steps + 1 - step
+    return peak * max(left, 0) / (total_steps + 1 - warmup_steps)
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer,
     *,
@@ -40,8 +56,12 @@ def build_scheduler(
     warmup_steps: int,
     lr: float | None,
     warmup_init_lr: float,
+    schedule: str = "inverse_sqrt",
+    total_steps: int | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR on base lr 1.0 whose k-th optimizer step (k = 1, 2, ...) uses lr(k).
+    """A LambdaLR on base lr 1.0 whose k-th optimizer step (k = 1, 2, ...) uses lr(k):
+    `inverse_sqrt` (the paper's) or `linear` (decay to zero after `total_steps`; its peak is
+    `lr`, or the paper's peak for d_model and warm-up when `lr` is None).
 
     LambdaLR evaluates its lambda at 0 on construction and after each step() at 1, 2, ...;
     shifting by one makes the first update use lr(1) rather than the useless lr(0) = 0.
@@ -49,6 +69,16 @@ def build_scheduler(
     for group in optimizer.param_groups:
         group["lr"] = 1.0
         group["initial_lr"] = 1.0
+    if schedule == "linear":
+        if total_steps is None or total_steps < warmup_steps:
+            raise ValueError(f"linear decay needs total_steps >= warmup_steps, got {total_steps}")
+        peak, total = (peak_lr(d_model, warmup_steps) if lr is None else lr), total_steps
+
+        def linear(completed_steps: int) -> float:
+            return linear_decay_lr(completed_steps + 1, peak=peak, warmup_steps=warmup_steps,
+                                   total_steps=total, warmup_init_lr=warmup_init_lr)  # fmt: skip
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, linear)
 
     def factor(completed_steps: int) -> float:
         return inverse_sqrt_lr(

@@ -163,7 +163,17 @@ def _chunked_loss_holds_less(outcome: suite.Outcome) -> None:
             assert abs(value / planned - 1) <= 0.15, (dtype, value, planned)
 
 
+def _save_overhead_side_by_side(outcome: suite.Outcome) -> None:
+    """The three runs reached the last step (the bench asserts it) and each saving variant
+    has its ratio against the run without saves."""
+    by_figure = {r["figure"]: r["value"] for r in outcome.rows}
+    for variant in ("no saves", "sync saves", "async saves"):
+        assert by_figure[f"{variant}: wall time of the steps"] > 0
+    assert all(by_figure[f"{v} saves: steps/s / no saves"] > 0 for v in ("sync", "async"))
+
+
 CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
+    "save_overhead": _save_overhead_side_by_side,
     "loss_memory": _chunked_loss_holds_less,
     "checkpoint": _checkpoint_as_planned,
     "checkpoint_big": _checkpoint_as_planned,

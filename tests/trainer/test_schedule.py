@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trainer.schedule import build_scheduler, inverse_sqrt_lr, peak_lr
+from trainer.schedule import build_scheduler, inverse_sqrt_lr, linear_decay_lr, peak_lr
 
 
 @pytest.mark.parametrize(("step", "expected"), [(1000, 1.75e-4), (4000, 6.99e-4), (16000, 3.49e-4)])
@@ -42,3 +42,29 @@ def test_scheduler_first_update_uses_step_one() -> None:
         sched.step()
     expected = [inverse_sqrt_lr(k, d_model=512, warmup_steps=4000) for k in (1, 2, 3)]
     assert seen == pytest.approx(expected)
+
+
+def test_linear_schedule_warms_up_then_decays_to_zero_after_the_last_step() -> None:
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=123.0)
+    sched = build_scheduler(opt, d_model=512, warmup_steps=4, lr=1e-3, warmup_init_lr=0.0,
+                            schedule="linear", total_steps=10)  # fmt: skip
+    seen = []
+    for _ in range(11):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    # warm-up 1..4 (peak at 4), then (11 - k) / 7 of the peak: step 10 still moves, 11 does not
+    assert seen[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert seen[4:] == pytest.approx([1e-3 * (11 - k) / 7 for k in range(5, 12)])
+    assert seen[9] > 0 and seen[10] == 0.0
+    assert linear_decay_lr(4, peak=1.0, warmup_steps=4, total_steps=4) == 1.0
+
+
+def test_linear_schedule_refuses_a_warm_up_past_the_end() -> None:
+    from launch.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"optim\.warmup_steps.*train\.max_steps=10"):
+        load_config(None, ["optim.schedule=linear", "train.max_steps=10", "optim.warmup_steps=20"])
+    with pytest.raises(ConfigError, match=r"optim\.schedule: must be one of inverse_sqrt, linear"):
+        load_config(None, ["optim.schedule=cosine"])

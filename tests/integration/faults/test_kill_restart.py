@@ -96,3 +96,25 @@ def test_the_same_failure_again_and_again_is_a_crash_loop(
     assert out.count("fault injected: rank 1 SIGKILL after step 5") == 4
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["exit_code"] == EXIT_CRASH_LOOP and summary["error"].startswith("crash loop")
+
+
+def test_a_hung_rank_becomes_a_restart(
+    synthetic_data: Path, reference_run: Path, tmp_path: Path
+) -> None:
+    """Rank 1 hangs after step 3, between the step and its logging collective: rank 0's
+    collective times out after train.dist_timeout_s and rank 1's watchdog prints its stack and
+    ends it; torchrun restarts the group, which resumes from step 3's checkpoint... not yet
+    written (the hang comes before the save), so from step 2's, and finishes by itself with an
+    uninterrupted run's losses. The record names the collective that timed out."""
+    over = overrides(synthetic_data, STEPS, "train.dist_timeout_s=15")
+    run_dir = tmp_path / "hung"
+    out = train(run_dir, over, fault_env(rank="1", hang_at_step="3"))
+    assert out.count("fault injected: rank 1 hanging after step 3") == 1
+    assert "attempt 2: the worker group restarted in place (restart 1 of " in out
+    assert resumed_steps(out) == [2]
+    got, want = losses(run_dir), losses(reference_run)
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    assert [got[s] for s in sorted(got)] == [want[s] for s in sorted(want)]  # bitwise
+    attempts = read_attempts(run_dir / "attempts.jsonl")
+    assert len(attempts) == 2 and attempts[-1].ended, attempts
+    print(attempts[0])

@@ -1,0 +1,95 @@
+"""What checkpoints cost a training run: `paperscale train` on 2 CPU ranks with no saves but
+the last, a save every N steps (synchronous), and a save every N steps in the background
+(train.async_save), side by side on the same data, seed and batches.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.save_overhead --work /tmp/bench-saves \\
+        [--config configs/tiny.yaml] [--steps 150] [--every 50] [--repeats 2] [--smoke] \\
+        [--json PATH] [key=value ...]
+
+Each run's wall time is read from its own metrics.jsonl: from the first logged step to the
+last (every step logged), so start-up and the final save are outside it and every periodic
+save inside it. The figure is each variant's steps/s over the no-save run's, from the sum of
+its rounds (rounds alternate the variants, so the machine's load drifts equally on all).
+Without --data a synthetic corpus is written and prepared under --work (bench/train_overhead.py).
+`--smoke`: d_model 32, 6 steps, a save every 2 (seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
+from bench.train_overhead import prepare_synthetic
+
+VARIANTS = {
+    "no saves": ["train.save_every=0"],
+    "sync saves": ["train.async_save=false"],
+    "async saves": ["train.async_save=true"],
+}
+
+
+def run_once(args: argparse.Namespace, data: Path, variant: str, k: int) -> float:
+    """Wall seconds from the first to the last logged step of one run."""
+    run_dir = Path(args.work) / f"run-{k}-{variant.replace(' ', '-')}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    over = [
+        f"data.dir={data}", f"train.max_steps={args.steps}", f"train.save_every={args.every}",
+        "train.log_every=1", "train.eval_every=0", "train.keep_last=2", "logging.wandb=disabled",
+        "logging.tensorboard=false", "logging.report=false", *args.overrides, *VARIANTS[variant],
+    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc", "2",
+           "--run-dir", str(run_dir), *over]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    times = {r["step"]: r["time"] for r in records if "loss" in r}
+    first, last = min(times), max(times)
+    assert last == args.steps, f"{variant}: the run ended at step {last}"
+    saves = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    print(f"{variant:12s} round {k}: {last - first} steps in {times[last] - times[first]:.1f} s; "
+          f"checkpoints kept {saves}", flush=True)  # fmt: skip
+    return times[last] - times[first]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--data", help="a prepared data dir (default: a synthetic corpus)")
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("overrides", nargs="*")
+    add_output_arguments(parser, "d_model 32, 6 steps, a save every 2")
+    args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.every, args.repeats = 6, 2, 1
+        args.overrides = [*SMOKE_MODEL, *args.overrides]
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    data = (
+        Path(args.data)
+        if args.data
+        else prepare_synthetic(Path(args.work), 2000 if args.smoke else 20000)
+    )
+    seconds = {v: 0.0 for v in VARIANTS}
+    for k in range(args.repeats):
+        for variant in VARIANTS:
+            seconds[variant] += run_once(args, data, variant, k)
+    base = seconds["no saves"]
+    case = {"config": args.config, "steps": args.steps, "save_every": args.every,
+            "rounds": args.repeats, "ranks": 2}  # fmt: skip
+    rows = [row(f"{v}: wall time of the steps", s / args.repeats, "s", **case)
+            for v, s in seconds.items()]  # fmt: skip
+    for variant in ("sync saves", "async saves"):
+        ratio = base / seconds[variant]
+        print(f"{variant}: steps/s x{ratio:.3f} of no saves", flush=True)
+        rows.append(row(f"{variant}: steps/s / no saves", ratio, "x", **case))
+    write_rows(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()
