@@ -42,10 +42,11 @@ def take_run_lock(run: RunDir, is_main: bool) -> Any:
     children see HOLDER_ENV). A second writer is one line and exit 2."""
     from trainer.run_lock import HOLDER_ENV, RunLock, RunLocked
 
-    if os.environ.get(HOLDER_ENV) or not is_main:
+    lock = RunLock(run.root)
+    if not is_main or lock.held_for_me():
         return None
     try:
-        lock = RunLock(run.root).acquire()
+        lock.acquire()
     except RunLocked as exc:
         raise UsageError(str(exc)) from None
     os.environ[HOLDER_ENV] = str(lock.path)  # for the ranks torchrun starts
@@ -61,7 +62,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return train_locked(args, job, run, is_main, lock)
     finally:
         if lock:
+            from trainer.run_lock import HOLDER_ENV
+
             lock.release()
+            os.environ.pop(HOLDER_ENV, None)  # a process that goes on holds nothing
 
 
 def train_locked(

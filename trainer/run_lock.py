@@ -125,6 +125,20 @@ class RunLock:
         self._beat.start()
         return self
 
+    def held_for_me(self) -> bool:
+        """Whether a parent holds this lock for this process: HOLDER_ENV names this lock and
+        the lock is held (a fresh descriptor cannot take it). A stale HOLDER_ENV -- inherited
+        from a process that held another run dir, or whose lock is gone -- is not a claim."""
+        if os.environ.get(HOLDER_ENV) != str(self.path) or not self.path.is_file():
+            return False
+        with open(self.path, "a+") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
+
     def _refusal(self, holder: Holder | None) -> str:
         who = holder.describe() if holder else "another process"
         return (

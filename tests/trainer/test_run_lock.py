@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from trainer.run_lock import LOCK_NAME, STALE_S, Holder, RunLock, RunLocked, read_holder
+from trainer.run_lock import (
+    HOLDER_ENV,
+    LOCK_NAME,
+    STALE_S,
+    Holder,
+    RunLock,
+    RunLocked,
+    read_holder,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = (
@@ -97,3 +105,20 @@ def test_a_released_lock_leaves_no_record(tmp_path: Path, monkeypatch: pytest.Mo
     RunLock(tmp_path).acquire().release()
     assert (tmp_path / LOCK_NAME).read_text() == ""
     assert read_holder(tmp_path / LOCK_NAME) is None
+
+
+def test_an_inherited_claim_counts_only_while_the_lock_is_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HOLDER_ENV left in an environment (a process that held another run, or one whose lock
+    is gone) must not let a writer skip the lock."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    lock = RunLock(tmp_path)
+    monkeypatch.setenv(HOLDER_ENV, str(tmp_path / "other" / LOCK_NAME))
+    assert not lock.held_for_me()  # another run dir's
+    monkeypatch.setenv(HOLDER_ENV, str(lock.path))
+    assert not lock.held_for_me()  # no lock file yet
+    held = RunLock(tmp_path).acquire()
+    assert lock.held_for_me()  # what a rank under the launcher sees
+    held.release()
+    assert not lock.held_for_me()  # the holder let go: a stale claim
