@@ -5,22 +5,19 @@ the data position and the RNG; retention; a failed write leaves `latest` alone; 
 from __future__ import annotations
 
 import errno
-import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from launch.config import load_config
 from model.config import ModelConfig
 from model.loss import label_smoothed_loss
 from trainer.checkpoint import CheckpointError
 from trainer.checkpointer import CheckpointManager
-from trainer.dist import DistEnv, free_port
+from trainer.dist import DistEnv
 from trainer.engine import build_engine
 from trainer.run_dir import RunDir
 from trainer.state import RngState, TrainState
@@ -34,20 +31,9 @@ TINY = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[DistEnv]:
-    saved = dict(os.environ)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
-    # a free port: another pytest-xdist worker may hold a process group too
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo")
-    yield DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-    dist.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
+@pytest.fixture
+def env(rank_env: DistEnv) -> DistEnv:
+    return rank_env
 
 
 class Position:

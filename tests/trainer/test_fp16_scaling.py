@@ -7,33 +7,17 @@ scale schedule is plain Python and runs here, built from our generated config.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from trainer.config import OptimConfig, TrainConfig
-from trainer.dist import free_port
+from trainer.dist import DistEnv
 from trainer.ds_config import build_ds_config
 
-pytestmark = pytest.mark.xdist_group("fp16-scaling")  # a module-scoped process group: one worker
 
-
-@pytest.fixture(scope="module")
-def process_group() -> Iterator[None]:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    saved = dict(os.environ)
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo")
-    yield
-    dist.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
+@pytest.fixture
+def process_group(rank_env: DistEnv) -> None:
+    """The session's world of one (tests/trainer/conftest.py)."""
 
 
 def scaler_from_our_config(min_loss_scale: int = 1):  # type: ignore[no-untyped-def]

@@ -7,19 +7,17 @@ without DeepSpeed's overflow check."""
 from __future__ import annotations
 
 import collections
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
 from data_pipeline.batching import Batch
 from launch.config import load_config
 from model.config import ModelConfig
-from trainer.dist import DistEnv, free_port
+from trainer.dist import DistEnv
 from trainer.engine import build_engine
 from trainer.step import torch_optimizer, train_step
 
@@ -50,19 +48,9 @@ class CountReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[DistEnv]:
-    saved = dict(os.environ)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo")
-    yield DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-    dist.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
+@pytest.fixture
+def env(rank_env: DistEnv) -> DistEnv:
+    return rank_env
 
 
 def engine_for(env: DistEnv, *over: str) -> Any:
