@@ -96,6 +96,10 @@ def train_locked(
             keep_fds=(lock.fd,) if lock else (),
             max_restarts=job.train.max_restarts,
         )
+        if code != 0:
+            from trainer.attempts import report_watchdogs
+
+            report_watchdogs(run)  # the last attempt's stuck ranks (earlier ones: by the next)
         # After a TERM torchrun exits non-zero even when its ranks saved and exited cleanly:
         # the ranks' summary.json, when written, tells how the run ended.
         summary = run.read_summary()

@@ -119,6 +119,7 @@ def agree_on_start(run: Any, limit: int, env: Any) -> dict[str, Any] | None:
 
     answer: list[Any] = [None]
     if env.is_main:
+        report_watchdogs(run)  # the previous attempt's stuck ranks, if any
         resumes = run.checkpoints.latest_tag()
         answer = [crash_loop(read_attempts(run.attempts), resumes, limit)]
         if answer[0] is None:
@@ -129,6 +130,40 @@ def agree_on_start(run: Any, limit: int, env: Any) -> dict[str, Any] | None:
     if env.is_main:
         print(f"paperscale: error: {answer[0]}", file=sys.stderr, flush=True)
     return {"preempted": False, "exit_code": EXIT_CRASH_LOOP, "error": answer[0]}
+
+
+def attempt_key() -> str:
+    """This attempt's name in file names: Slurm job and restart, torchrun's restart."""
+    job = os.environ.get("SLURM_JOB_ID", "") or "local"
+    return f"{job}.{os.environ.get('SLURM_RESTART_COUNT', '') or 0}.{restart_count()}"
+
+
+def report_watchdogs(run: Any) -> list[str]:
+    """One line per rank whose watchdog ended it since the last report (where its main thread
+    was stuck, and the file with every thread's stack), printed and recorded as that rank's
+    error; the files are renamed so each is reported once."""
+    from trainer.run_dir import REPORTED_SUFFIX
+    from trainer.signals import stuck_at
+
+    lines = []
+    for path in run.unreported_watchdogs():
+        with contextlib.suppress(OSError):
+            text = path.read_text(errors="replace")
+            if not text.strip():
+                path.unlink()  # a rank that was killed otherwise, before its watchdog fired
+                continue
+            rank = int(path.stem.rsplit("rank", 1)[1])
+            kept = path.with_name(path.stem + REPORTED_SUFFIX)
+            path.rename(kept)
+            line = (
+                f"watchdog: rank {rank} ran past train.dist_timeout_s, stuck in "
+                f"{stuck_at(text)} (every thread's stack: {kept})"
+            )
+            append_event(run.attempts, {"event": "error", "rank": rank, "step": None,
+                                        "error": line})  # fmt: skip
+            print(f"paperscale: {line}", file=sys.stderr, flush=True)
+            lines.append(line)
+    return lines
 
 
 def record_failure(run: Any, env: Any, step: int | None, exc: BaseException) -> None:

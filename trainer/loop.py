@@ -169,12 +169,12 @@ class Trainer:
 
     def guarded(self) -> LoopGuard:
         """The loop's signal handler (a stop request finishes the step and saves) and the
-        watchdog (a phase past train.dist_timeout_s ends the process; a compiled model, which
-        compiles again on new shapes and in eval mode, gets an hour at least)."""
+        watchdog (a phase past train.dist_timeout_s ends the process; compiling: 1 h at least)."""
         timeout = self.cfg.dist_timeout_s
         if self.cfg.compile:
             timeout = max(timeout, COMPILE_TIMEOUT_S)
-        self.watchdog = Watchdog(timeout)
+        stacks = self.run.watchdog_stacks(attempts.attempt_key(), self.env.rank)
+        self.watchdog = Watchdog(timeout, stacks)
         return LoopGuard(self.stop_request, self.watchdog)
 
     # -- the loop -------------------------------------------------------------------------

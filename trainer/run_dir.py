@@ -14,6 +14,7 @@ RUN/hf/  RUN/ct2-<quantization>/   Transformers and CTranslate2 exports (trainer
 RUN/eval_<split>.json  RUN/<split>.hyp.txt   `evaluate`'s scores and translations
 RUN/job.sbatch  RUN/slurm.json  RUN/logs/slurm-<jobid>.out   `submit`
 RUN/logs/startup-failed-<jobid>.<restart>.<try>-node<n>.txt   a torchrun that started no rank
+RUN/logs/watchdog-<attempt>-rank<r>.txt   the stacks of a rank whose watchdog ended it
 RUN/checkpoints/step_00000100/  DeepSpeed's files, meta.json, rank_00000.pt ..., complete
 RUN/checkpoints/latest          the tag of the newest complete checkpoint (written last)
 RUN/checkpoints/universal/<tag>/  the tag converted for another number of ranks
@@ -59,6 +60,7 @@ MODEL = "model"
 JOB_SCRIPT = "job.sbatch"
 SLURM_RECORD = "slurm.json"
 LOGS = "logs"
+REPORTED_SUFFIX = ".reported.txt"  # a watchdog's stacks once trainer/attempts.py reported them
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 COMPLETE = "complete"
@@ -266,6 +268,15 @@ class RunDir:
 
     def startup_failures(self, job_id: str, restart: str, attempt_try: int) -> list[Path]:
         return sorted(self.logs.glob(f"startup-failed-{job_id}.{restart}.{attempt_try}-node*.txt"))
+
+    def watchdog_stacks(self, attempt: str, rank: int) -> Path:
+        """Every thread's stack of `rank`, written by its watchdog when a phase of the loop ran
+        past train.dist_timeout_s in attempt `attempt` (trainer/signals.py; removed when empty)."""
+        return self.logs / f"watchdog-{attempt}-rank{rank:05d}.txt"
+
+    def unreported_watchdogs(self) -> list[Path]:
+        found = self.logs.glob("watchdog-*-rank*.txt")
+        return sorted(p for p in found if not p.name.endswith(REPORTED_SUFFIX))
 
     def read_summary(self) -> dict[str, Any] | None:
         """summary.json, or None when it is missing or unreadable (a run that never ended)."""

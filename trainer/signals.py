@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import signal
 import sys
 import time
+from pathlib import Path
 from types import FrameType
+from typing import TextIO
 
 # Exit code after a requested stop that saved a checkpoint (EX_TEMPFAIL: "try again later").
 EXIT_PREEMPTED = 75
@@ -29,21 +32,29 @@ EXIT_SAVE_FAILED = 74
 
 class Watchdog:
     """Ends this process when one phase of the loop -- a train step, an evaluation, a save --
-    runs past `timeout_s`: SIGALRM from a timer, which prints every thread's traceback on
-    stderr and then kills the process (exit status 128 + SIGALRM).
+    runs past `timeout_s`: SIGALRM from a timer, which writes every thread's stack to
+    `stack_file` (RUN/logs/watchdog-<attempt>-rank<r>.txt; stderr without one) and then kills
+    the process (exit status 128 + SIGALRM). torchrun restarts the group; the next attempt's
+    rank 0 reports where each stuck rank was (trainer/attempts.py `report_watchdogs`).
 
     Collectives time out by themselves (the process group's timeout); this catches a rank that
     is stuck outside them, so that no rank of a broken job waits forever. A timer rather than a
     thread: nothing runs beside the loop (forked data-loader workers inherit no timer).
     """
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, stack_file: Path | None = None) -> None:
         self.timeout_s = timeout_s
+        self.stack_file = stack_file
+        self._file: TextIO | None = None
         self._registered = False
 
     def arm(self) -> None:
         if not self._registered:
-            faulthandler.register(signal.SIGALRM, all_threads=True, chain=True)
+            out: TextIO = sys.stderr
+            if self.stack_file is not None:
+                self.stack_file.parent.mkdir(parents=True, exist_ok=True)
+                out = self._file = open(self.stack_file, "w")  # noqa: SIM115 -- open until disarm
+            faulthandler.register(signal.SIGALRM, file=out, all_threads=True, chain=True)
             self._registered = True
         signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
 
@@ -52,6 +63,37 @@ class Watchdog:
         if self._registered:
             faulthandler.unregister(signal.SIGALRM)
             self._registered = False
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            if self.stack_file is not None and self.stack_file.stat().st_size == 0:
+                self.stack_file.unlink()  # it never fired
+
+
+def stuck_at(stacks: str) -> str:
+    """Where the main thread of a watchdog's dump was: its innermost frame, and the innermost
+    frame of this project's code when that is another ("all_reduce at .../distributed_c10d.py:
+    3252, from trainer/loop.py:267 maybe_log")."""
+    lines = stacks.splitlines()
+    start = next((i for i, x in enumerate(lines) if x.startswith("Current thread")), None)
+    frames = []
+    for line in lines[start + 1 if start is not None else 0 :]:
+        match = FRAME.match(line)
+        if not match:
+            break
+        frames.append(match.groups())
+    if not frames:
+        return "an unknown place (no stack in the dump)"
+    path, lineno, func = frames[0]
+    where = f"{func} at {path}:{lineno}"
+    ours = next(((p, n, f) for p, n, f in frames if OWN_CODE.search(p)), None)
+    if ours is not None and ours != frames[0]:
+        where += f", from {OWN_CODE.search(ours[0]).group(0)}:{ours[1]} {ours[2]}"  # type: ignore[union-attr]
+    return where
+
+
+FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (\S+)')
+OWN_CODE = re.compile(r"(trainer|data_pipeline|model|launch)/[\w/]+\.py$")
 
 
 class StopRequest:

@@ -56,3 +56,56 @@ def test_a_crash_loop_is_limit_unended_attempts_from_the_same_checkpoint(tmp_pat
 def test_one_line_of_an_exception() -> None:
     assert one_line(RuntimeError("out of memory\nmore")) == "RuntimeError: out of memory"
     assert one_line(KeyboardInterrupt()) == "KeyboardInterrupt"
+
+
+def test_a_watchdog_that_fired_is_reported_once_with_where_it_was_stuck(tmp_path: Path) -> None:
+    """A real process whose phase outlives its watchdog: SIGALRM writes every thread's stack to
+    the rank's file and ends it; the report names the rank and the frame it was stuck in,
+    records it as that rank's error, and does not report it twice."""
+    import subprocess
+    import sys
+
+    from trainer.attempts import report_watchdogs
+    from trainer.run_dir import RunDir
+
+    run = RunDir(tmp_path)
+    stacks = run.watchdog_stacks("local.0.0", 1)
+    code = (
+        "import time\n"
+        "from trainer.signals import Watchdog\n"
+        "def wait_for_a_peer():\n"
+        "    time.sleep(30)\n"
+        f"dog = Watchdog(0.5, __import__('pathlib').Path({str(stacks)!r}))\n"
+        "dog.arm()\n"
+        "wait_for_a_peer()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert proc.returncode == -14  # SIGALRM
+    quiet = run.watchdog_stacks("local.0.0", 0)
+    quiet.write_text("")  # a rank killed otherwise: an empty file, dropped
+    (line,) = report_watchdogs(run)
+    assert line.startswith("watchdog: rank 1 ran past train.dist_timeout_s, stuck in ")
+    assert "wait_for_a_peer at <string>:4" in line
+    assert not stacks.exists() and not quiet.exists()
+    assert "Current thread" in stacks.with_name(stacks.stem + ".reported.txt").read_text()
+    (event,) = [json.loads(x) for x in run.attempts.read_text().splitlines()]
+    assert event["event"] == "error" and event["rank"] == 1 and event["error"] == line
+    assert report_watchdogs(run) == []
+
+
+def test_stuck_at_names_the_project_frame_under_a_library_one() -> None:
+    from trainer.signals import stuck_at
+
+    dump = (
+        "Thread 0x01 (most recent call first):\n"
+        '  File "/x/threading.py", line 327 in wait\n\n'
+        "Current thread 0x02 (most recent call first):\n"
+        '  File "/v/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+        '  File "/v/torch/distributed/c10d_logger.py", line 83 in wrapper\n'
+        '  File "/w/main/trainer/loop.py", line 267 in maybe_log\n'
+        '  File "/w/main/trainer/loop.py", line 73 in train\n'
+    )
+    assert stuck_at(dump) == (
+        "all_reduce at /v/torch/distributed/distributed_c10d.py:3252, "
+        "from trainer/loop.py:267 maybe_log"
+    )

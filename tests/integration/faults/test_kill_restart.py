@@ -103,9 +103,9 @@ def test_a_hung_rank_becomes_a_restart(
 ) -> None:
     """Rank 1 hangs after step 3, between the step and its logging collective: rank 0's
     collective times out after train.dist_timeout_s and rank 1's watchdog prints its stack and
-    ends it; torchrun restarts the group, which resumes from step 3's checkpoint... not yet
-    written (the hang comes before the save), so from step 2's, and finishes by itself with an
-    uninterrupted run's losses. The record names the collective that timed out."""
+    ends it; torchrun restarts the group, which resumes from step 2's checkpoint (the hang comes
+    before step 3's save) and finishes by itself with an uninterrupted run's losses. The
+    restarted attempt reports where the stuck rank was, and the record holds it."""
     over = overrides(synthetic_data, STEPS, "train.dist_timeout_s=15")
     run_dir = tmp_path / "hung"
     out = train(run_dir, over, fault_env(rank="1", hang_at_step="3"))
@@ -117,4 +117,8 @@ def test_a_hung_rank_becomes_a_restart(
     assert [got[s] for s in sorted(got)] == [want[s] for s in sorted(want)]  # bitwise
     attempts = read_attempts(run_dir / "attempts.jsonl")
     assert len(attempts) == 2 and attempts[-1].ended, attempts
-    print(attempts[0])
+    # the stuck rank and where it waited, reported by the restarted attempt (rank 0 may have
+    # left through its collective's timeout or its own watchdog: either is recorded)
+    stuck = [x for x in out.splitlines() if x.startswith("paperscale: watchdog: rank 1 ")]
+    assert len(stuck) == 1 and "after_step at " in stuck[0] and "trainer/faults.py" in stuck[0]
+    assert attempts[0].error is not None, attempts[0]
