@@ -10,7 +10,8 @@ One optimizer step on random tokens fills the Adam moments, then the real save p
 (trainer.checkpointer.CheckpointManager.save: DeepSpeed files, per-rank state, `latest`
 last) is timed, and the restore path after it. Then background saves (train.async_save) and
 synchronous ones alternate: the stall (until `save` returns, the state copied to host memory)
-and the time until the checkpoint is published, against a synchronous save, best of each.
+and the time until the checkpoint is published, against a synchronous save, best of each
+(from the second background save on, the host buffers are those of the one before, as in a run).
 The engine is in the precision a training run would pick on this machine (`train.precision:
 auto` settled as the trainer settles it), which sets the bytes per parameter.
 
@@ -82,7 +83,7 @@ def main() -> None:
     tag = manager.save(1)
     saved = time.perf_counter() - start
     stalls, totals, syncs = [], [], [saved]
-    for i in range(1 if args.smoke else 2):  # side by side: background, then synchronous
+    for i in range(1 if args.smoke else 3):  # side by side: background, then synchronous
         dist.barrier()
         start = time.perf_counter()
         manager.save(2 + 2 * i, background=True)

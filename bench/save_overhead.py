@@ -3,7 +3,7 @@ the last, a save every N steps (synchronous), and a save every N steps in the ba
 (train.async_save), side by side on the same data, seed and batches.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.save_overhead --work /tmp/bench-saves \\
-        [--config configs/tiny.yaml] [--steps 150] [--every 50] [--repeats 2] [--smoke] \\
+        [--config configs/tiny.yaml] [--steps 120] [--every 40] [--repeats 1] [--smoke] \\
         [--json PATH] [key=value ...]
 
 Each run's wall time is read from its own metrics.jsonl: from the first logged step to the
@@ -60,9 +60,9 @@ def main() -> None:
     parser.add_argument("--work", required=True)
     parser.add_argument("--data", help="a prepared data dir (default: a synthetic corpus)")
     parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--every", type=int, default=50)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--every", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("overrides", nargs="*")
     add_output_arguments(parser, "d_model 32, 6 steps, a save every 2")
     args = parser.parse_args()

@@ -229,9 +229,23 @@ REGISTRY: tuple[Bench, ...] = (
     ),
     Bench(
         "save_overhead",
-        "Steps/s of `paperscale train` (demo preset, 2 CPU ranks) with a save every 50 steps, "
+        "Steps/s of `paperscale train` (demo preset, 2 CPU ranks) with a save every 40 steps, "
         "synchronous and in the background, against no saves.",
-        ("{python}", "-m", "bench.save_overhead", "--work", "{work}", "--json", "{json}"),
+        (
+            "{python}",
+            "-m",
+            "bench.save_overhead",
+            "--steps",
+            "120",
+            "--every",
+            "40",
+            "--repeats",
+            "1",
+            "--work",
+            "{work}",
+            "--json",
+            "{json}",
+        ),
         (
             "{python}",
             "-m",

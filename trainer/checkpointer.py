@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from trainer.async_save import BackgroundWrite, QueuedWrites
+from trainer.async_save import BackgroundWrite, HostPool, QueuedWrites
 from trainer.checkpoint import (
     CheckpointError,
     RecordedWrites,
@@ -101,6 +101,7 @@ class CheckpointManager:
         self.last_stall_s: float | None = None  # how long it held the training loop up
         self.host_group = host_group  # a gloo group for host flags (None: the default group)
         self.pending: Pending | None = None  # a background save not yet published
+        self.host_pool = HostPool()  # its host buffers, reused by the next one
 
     def rank_states(self) -> dict[str, dict[str, Any]]:
         """A snapshot of this rank's per-rank states (cheap: positions and generator states)."""
@@ -161,7 +162,7 @@ class CheckpointManager:
 
     def _start_background(self, tag: str, step: int, started: float) -> Pending:
         writes = BackgroundWrite(
-            self.engine.checkpoint_engine.save, lambda: self._file_written(step)
+            self.engine.checkpoint_engine.save, lambda: self._file_written(step), self.host_pool
         )
         client_state = {**self.train_state.state_dict(), **UNIVERSAL_INFO}
         with QueuedWrites(self.engine, writes):
