@@ -29,6 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(500)]
 # (step whose save is interrupted, files this rank wrote before the kill, rank)
 KILLS = [(2, 0, 0), (3, 1, 0), (4, 2, 0), (5, 3, 0), (6, 4, 0), (7, 5, 0), (8, 6, 0), (9, 1, 1)]
 LATEST_WRITTEN = 6  # rank 0's 6th file is `latest`: that save counts as done
+# the async path: each background file of each rank, and the publication's first and last
+ASYNC_KILLS = [(2, 1, 0), (3, 2, 0), (4, 3, 0), (5, 4, 0), (6, 6, 0), (7, 1, 1)]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -37,18 +39,19 @@ def test_kill_at_every_file_boundary_of_a_save(
 ) -> None:
     """`async`: train.async_save, where the engine's and the rank's files are written by a
     background thread while the next step trains, and rank 0 publishes (meta.json, complete,
-    latest) at a later step; the same kills, the same outcome."""
+    latest) at a later step: a kill at each of those files, the same outcome."""
     run_dir = tmp_path / "saves"
-    env = fault_env(kill_in_save=",".join(f"{s}:{f}:{r}" for s, f, r in KILLS))
+    kills = ASYNC_KILLS if mode == "async" else KILLS
+    env = fault_env(kill_in_save=",".join(f"{s}:{f}:{r}" for s, f, r in kills))
     over = overrides(synthetic_data, STEPS, f"train.async_save={str(mode == 'async').lower()}")
-    proc = torchrun_with_restarts(run_dir, over, len(KILLS), env, 450)
+    proc = torchrun_with_restarts(run_dir, over, len(kills), env, 450)
     out = proc.stdout + proc.stderr
     (tmp_path / "saves.log").write_text(out)
     assert proc.returncode == 0, out[-4000:]
     assert f"async_save: {str(mode == 'async').lower()}" in (run_dir / "config.yaml").read_text()
-    assert out.count("fault injected:") == len(KILLS)
+    assert out.count("fault injected:") == len(kills)
     # the interrupted checkpoint is never the one resumed from
-    want = [s if (f == LATEST_WRITTEN and r == 0) else s - 1 for s, f, r in KILLS]
+    want = [s if (f == LATEST_WRITTEN and r == 0) else s - 1 for s, f, r in kills]
     assert resumed_steps(out) == want
     # every interrupted tag was saved again: no directory without its marker is left
     ckpt_dir = run_dir / "checkpoints"
