@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from data_pipeline.config import DataConfig
@@ -60,7 +60,8 @@ def _omegaconf_error(exc: OmegaConfBaseException) -> ConfigError:
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> JobConfig:
-    """Schema defaults <- YAML file <- dotlist overrides, type-checked and validated."""
+    """Schema defaults <- the YAML file (over its `base` presets) <- dotlist overrides,
+    type-checked and validated."""
     schema = OmegaConf.structured(JobConfig)
     try:
         layers = [schema]
@@ -68,12 +69,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             p = Path(path)
             if not p.is_file():
                 raise ConfigError("--config", f"no such file: {p}")
-            try:
-                layers.append(OmegaConf.load(p))
-            except Exception as exc:  # yaml syntax errors come in several types
-                raise ConfigError(
-                    "--config", f"cannot parse {p}: {str(exc).splitlines()[0]}"
-                ) from None
+            layers += preset_layers(p)
         for item in overrides or []:
             if "=" not in item:
                 raise ConfigError(item, "overrides take the form key=value")
@@ -89,6 +85,24 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     check_secrets(job, secret_text)
     job._secret_text = secret_text  # type: ignore[attr-defined]
     return job
+
+
+def preset_layers(path: Path, seen: tuple[Path, ...] = ()) -> list[Any]:
+    """A preset and the presets it builds on: a top-level `base: FILE` (relative to the
+    preset's folder) is loaded first, and the preset's own values override it."""
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError("base", f"{path} is its own base (through {seen[-1]})")
+    if not path.is_file():
+        raise ConfigError("base" if seen else "--config", f"no such file: {path}")
+    try:
+        layer = OmegaConf.load(path)
+    except Exception as exc:  # yaml syntax errors come in several types
+        raise ConfigError("--config", f"cannot parse {path}: {str(exc).splitlines()[0]}") from None
+    base = layer.pop("base", None) if isinstance(layer, DictConfig) else None
+    if base is None:
+        return [layer]
+    return [*preset_layers(path.parent / str(base), (*seen, path)), layer]
 
 
 # Config keys whose values become names and paths (of the run dir, its files, the Slurm job,

@@ -76,6 +76,11 @@ class TrainConfig:
     """The loop: how long, how often to evaluate, log and save, and the DeepSpeed engine's mode."""
 
     max_steps: int = 100_000
+    # wall-clock minutes for the whole run (steps, evaluations, saves; trainer/budget.py): the
+    # step time measured early fixes the last step, where the linear schedule reaches zero;
+    # 0 = off (max_steps ends the run; with a budget it is an upper bound)
+    budget_minutes: float = 0.0
+    budget_calibration_steps: int = 20  # steps timed to fix a budget's horizon
     grad_accum: int = 1
     zero_stage: int = 2
     # auto (the machine's fastest: trainer/precision.py) | bf16 | fp16 (GPU only) | fp32
@@ -119,7 +124,7 @@ class TrainConfig:
         out: list[tuple[str, str]] = []
         for key in (
             "max_steps", "grad_accum", "log_every", "bleu_samples", "bleu_beam", "keep_last",
-            "crash_loop_attempts",
+            "crash_loop_attempts", "budget_calibration_steps",
         ):  # fmt: skip
             if not _positive_int(getattr(self, key)):
                 out.append((key, f"must be a positive integer, got {getattr(self, key)!r}"))
@@ -134,6 +139,8 @@ class TrainConfig:
             out.append(("dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s!r}"))
         if not _positive_int(self.max_nonfinite):
             out.append(("max_nonfinite", f"must be a positive integer, got {self.max_nonfinite!r}"))
+        if not isinstance(self.budget_minutes, (int, float)) or not self.budget_minutes >= 0:
+            out.append(("budget_minutes", f"must be >= 0 (0 = off), got {self.budget_minutes!r}"))
         if not isinstance(self.save_every_minutes, (int, float)) or self.save_every_minutes < 0:
             out.append(("save_every_minutes", f"must be >= 0, got {self.save_every_minutes!r}"))
         if self.zero_stage not in (0, 1, 2, 3):

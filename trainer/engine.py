@@ -16,7 +16,7 @@ from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfi
 from trainer.dist import DistEnv
 from trainer.ds_config import build_ds_config
 from trainer.kernels import resolve_attention, sdpa_backends
-from trainer.schedule import build_scheduler
+from trainer.schedule import Horizon, build_scheduler
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -74,9 +74,14 @@ def compile_for_varying_shapes() -> dict[str, Any]:
 
 
 def build_engine(
-    job: Job, model_cfg: ModelConfig, env: DistEnv, load_universal: bool = False
+    job: Job,
+    model_cfg: ModelConfig,
+    env: DistEnv,
+    load_universal: bool = False,
+    horizon: Horizon | None = None,
 ) -> Any:
-    """The model inside a DeepSpeed engine with Adam and the inverse-sqrt client scheduler."""
+    """The model inside a DeepSpeed engine with Adam and our client scheduler; `horizon` is a
+    budgeted run's (fixed while it trains) for the linear schedule, else train.max_steps."""
     import deepspeed
 
     model = Transformer(model_cfg)
@@ -100,6 +105,7 @@ def build_engine(
         warmup_init_lr=job.optim.warmup_init_lr,
         schedule=job.optim.schedule,
         total_steps=job.train.max_steps,
+        horizon=horizon,
     )
     engine, _, _, _ = deepspeed.initialize(
         model=model,

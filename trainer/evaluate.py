@@ -20,6 +20,7 @@ from data_pipeline.tokenizer import Tokenizer
 from model.search import beam_search, greedy_search
 from model.transformer import Transformer
 from trainer.dist import DistEnv
+from trainer.state import rng_preserved
 
 
 def _lockstep(batches: Iterator[Any], device: torch.device) -> Iterator[Any | None]:
@@ -144,3 +145,40 @@ def validation_bleu(
     if not all_hyps:
         return {}
     return {"bleu": sacrebleu.corpus_bleu(all_hyps, [all_refs]).score}
+
+
+class Evaluator:
+    """Validation during training, with the random streams put back afterwards, so that a
+    run's training does not depend on when it evaluated (a resumed run evaluates at its end).
+    Also a budget's probe (trainer/budget.py): `validation` and `decode` are what it times."""
+
+    def __init__(self, engine: Any, job: Any, tokenizer: Tokenizer, env: DistEnv) -> None:
+        """`job`: the run's configuration (its data, train and model sections)."""
+        self.engine, self.tokenizer, self.env = engine, tokenizer, env
+        self.data_dir, self.data_cfg = Path(job.data.dir), job.data
+        self.cfg, self.epsilon = job.train, job.model.label_smoothing
+
+    def run(self, with_bleu: bool) -> dict[str, float]:
+        """Validation loss and perplexity, and BLEU of train.bleu_samples sentences."""
+        out = self.validation()
+        if with_bleu:
+            with rng_preserved():
+                out |= self._bleu(self.cfg.bleu_samples)
+        return out
+
+    def validation(self) -> dict[str, float]:
+        with rng_preserved():
+            return validation_loss(
+                self.engine, self.data_dir, self.data_cfg, self.env, self.epsilon,
+                self.cfg.eval_max_batches,
+            )  # fmt: skip
+
+    def decode(self, samples: int) -> None:
+        with rng_preserved():
+            self._bleu(samples)
+
+    def _bleu(self, samples: int) -> dict[str, float]:
+        return validation_bleu(
+            self.engine, self.data_dir, self.data_cfg, self.tokenizer, self.env, samples,
+            self.cfg.bleu_beam,
+        )  # fmt: skip

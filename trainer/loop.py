@@ -20,11 +20,12 @@ from torch.profiler import record_function
 from data_pipeline.loader import TokenBatchStream
 from data_pipeline.manifest import tokenizer_path
 from trainer import attempts
+from trainer.budget import Budget
 from trainer.checkpoint import CheckpointError
 from trainer.checkpointer import CheckpointManager, export_source
 from trainer.dist import DistEnv, broadcast_str, init_distributed
 from trainer.engine import build_engine, seed_everything
-from trainer.evaluate import validation_bleu, validation_loss
+from trainer.evaluate import Evaluator
 from trainer.export import export_checkpoint
 from trainer.faults import Faults
 from trainer.metrics import MetricsLogger, Throughput, memory_metrics, stderr_warn
@@ -94,8 +95,13 @@ class Trainer:
         self.job, self.cfg, self.run, self.env = settled.job, settled.job.train, run, env
         self.settled = settled
         self.model_cfg = settled.model_cfg
+        self.state = TrainState(wandb_id=uuid.uuid4().hex[:12])
+        self.budget = Budget(self.cfg, self.job.optim.warmup_steps, self.state, env)
         seed_everything(self.cfg.seed)  # identical initial weights on every rank
-        self.engine = build_engine(self.job, self.model_cfg, env, settled.universal)
+        self.engine = build_engine(
+            self.job, self.model_cfg, env, settled.universal,
+            horizon=self.budget.horizon_for(self.job.optim.schedule),
+        )  # fmt: skip
         seed_everything(self.cfg.seed * 1000 + env.rank)  # per-rank dropout streams
         self.faults = Faults.from_env(env.rank)
         self.faults.install(self.engine.module)
@@ -104,7 +110,6 @@ class Trainer:
             self.data_dir, "train", self.job.data, rank=env.rank, world_size=env.world_size,
             pin_memory=env.device.type == "cuda",  # so .to(non_blocking=True) overlaps
         )  # fmt: skip
-        self.state = TrainState(wandb_id=uuid.uuid4().hex[:12])
         # host-side flags between micro-batches: gloo beside NCCL, so they never wait on a GPU
         self.control_group = (
             torch.distributed.new_group(backend="gloo") if env.device.type == "cuda" else None
@@ -117,6 +122,7 @@ class Trainer:
             precision=self.cfg.precision, check_space=not self.faults.skip_space_check,
             observers=[self.faults], host_group=self.control_group,
         )  # fmt: skip
+        self.evaluator = Evaluator(self.engine, self.job, settled.tokenizer, env)
         self.profiler = StepProfiler(self.job, settled.precision.precision, run, env)
         self.timer = Throughput()
         self.window = torch.zeros(4, dtype=torch.float64, device=env.device)
@@ -143,6 +149,7 @@ class Trainer:
             self.resumed_at = self.state.step
         self.state.wandb_id = broadcast_str(self.state.wandb_id)
         self.start_step = self.state.step
+        self.budget.start(self.start_step)
         with rng_preserved():
             sinks = (
                 open_sinks(self.job, self.run, self.state, self.resumed_at, self.settled.resolved)
@@ -180,7 +187,8 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
 
     def done(self) -> bool:
-        return self.state.step >= self.cfg.max_steps or self.stopping or self.failure is not None
+        ended = self.state.step >= self.budget.end_step() or self.budget.spent
+        return ended or self.stopping or self.failure is not None
 
     def step(self) -> None:
         """One optimizer step; a stop request, a save due by the clock and the previous step's
@@ -202,11 +210,11 @@ class Trainer:
             micro,
             self.env,
             self.model_cfg.label_smoothing,
-            [self.stop_request.requested, clock_due],
+            [self.stop_request.requested, clock_due, self.env.is_main and self.budget.over()],
             nonfinite_flag(self.step_sums, self.env.device),
             self.abandon,
         )
-        self.stopping, self.save_due, prev_nonfinite = result.flags
+        self.stopping, self.save_due, budget_over, prev_nonfinite = result.flags
         self.record = {}
         if not result.completed:  # skipped or abandoned on a stop request: undo what it read
             self.checkpoints.rewind(before)
@@ -225,6 +233,10 @@ class Trainer:
         self.window_flops += batch_flops(self.model_cfg, micro)
         self.state.step += 1
         self.faults.after_step(self.state.step)
+        with self.timer.paused():  # a budget's calibration evaluates and decodes
+            save_s, lr = self.checkpoints.expected_save_s(), self.engine.get_lr()[0]
+            self.record |= self.budget.after_step(self.state.step, budget_over, self.evaluator,
+                                                  save_s, lr)  # fmt: skip
         self.nonfinite_streak = self.nonfinite_streak + 1 if prev_nonfinite else 0
         if self.nonfinite_streak >= self.cfg.max_nonfinite:
             step, n = self.state.step, self.nonfinite_streak
@@ -249,7 +261,7 @@ class Trainer:
         return bool(flag.item() > 0)
 
     def _final(self) -> bool:  # the last step of the run
-        return self.state.step == self.cfg.max_steps
+        return self.state.step == self.budget.end_step() or self.budget.spent
 
     def maybe_log(self) -> None:
         """On log steps: one collective and one host sync for the window's sums, this rank's
@@ -300,27 +312,11 @@ class Trainer:
         if not self.stopping and self.failure is None and due:
             with_bleu = (self.cfg.bleu_every and step % self.cfg.bleu_every == 0) or self._final()
             self.watchdog.arm()
-            with self.timer.paused():
-                self.record.update(self.evaluate(bool(with_bleu)))
+            with self.timer.paused(), self.budget.clock.outside():
+                self.record.update(self.evaluator.run(bool(with_bleu)))
         if self.record:
             self.last.update(self.record)
             self.logger.log(step, self.record)
-
-    def evaluate(self, with_bleu: bool) -> dict[str, float]:
-        """Validation metrics; the random streams are put back afterwards, so that a run's
-        training does not depend on when it evaluated (a resumed run evaluates at its end)."""
-        env, data = self.env, self.job.data
-        with rng_preserved():
-            out = validation_loss(
-                self.engine, self.data_dir, data, env, self.model_cfg.label_smoothing,
-                self.cfg.eval_max_batches,
-            )  # fmt: skip
-            if with_bleu:
-                out |= validation_bleu(
-                    self.engine, self.data_dir, data, self.settled.tokenizer, env,
-                    self.cfg.bleu_samples, self.cfg.bleu_beam,
-                )  # fmt: skip
-        return out
 
     def maybe_save(self) -> None:
         """Save on save steps, at the end, on a stop request or when the clock says so; never
@@ -335,7 +331,8 @@ class Trainer:
             return  # nothing finished since the last checkpoint (a stop before the first step)
         self.last_save = time.monotonic()
         self.watchdog.arm()
-        with self.timer.paused():
+        self.budget.before_save()
+        with self.timer.paused(), self.budget.clock.outside():
             if not loss_finite_everywhere(self.step_sums, self.env):
                 if self.env.is_main:
                     stderr_warn(f"step {step}: the loss is not finite; no checkpoint saved")
@@ -391,6 +388,7 @@ class Trainer:
         return {
             "steps": self.state.step,
             "steps_this_run": self.state.step - self.start_step,
+            **self.budget.summary(),
             "first_loss": self.first_loss,
             "valid_loss": self.last.get("valid_loss"),
             "bleu": self.last.get("bleu"),

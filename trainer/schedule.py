@@ -6,8 +6,19 @@ ICLR 2020; fairseq's polynomial_decay with power 1)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class Horizon:
+    """Where the linear decay ends: its last step (0 while a budgeted run has not fixed it yet:
+    warm-up, then the peak held) and its first (the warm-up's end unless fixed later).
+    Mutable on purpose: a budgeted run fixes it once, and the scheduler reads it at each step."""
+
+    total_steps: int = 0
+    decay_from: int = 0
 
 
 def peak_lr(d_model: int, warmup_steps: int) -> float:
@@ -37,16 +48,26 @@ def inverse_sqrt_lr(
 
 
 def linear_decay_lr(
-    step: int, *, peak: float, warmup_steps: int, total_steps: int, warmup_init_lr: float = 0.0
+    step: int,
+    *,
+    peak: float,
+    warmup_steps: int,
+    total_steps: int,
+    warmup_init_lr: float = 0.0,
+    decay_from: int = 0,
 ) -> float:
     """Learning rate of optimizer step `step` (1-based): linear warm-up to `peak` at
-    `warmup_steps`, then linear decay that would reach zero at step `total_steps + 1` (so the
-    last step still moves the weights: peak / (total - warmup + 1))."""
+    `warmup_steps`, the peak held until `decay_from` (default: the warm-up's end), then linear
+    decay that would reach zero at step `total_steps + 1` (so the last step still moves the
+    weights: peak / (total - decay_from + 1)). `total_steps` 0: not known yet, the peak held."""
     step = max(step, 1)
     if step < warmup_steps:
         return warmup_init_lr + (peak - warmup_init_lr) * step / warmup_steps
+    start = max(decay_from, warmup_steps)
+    if total_steps == 0 or step < start:
+        return peak
     left = total_steps + 1 - step
-    return peak * max(left, 0) / (total_steps + 1 - warmup_steps)
+    return peak * max(left, 0) / (total_steps + 1 - start)
 
 
 def build_scheduler(
@@ -58,10 +79,12 @@ def build_scheduler(
     warmup_init_lr: float,
     schedule: str = "inverse_sqrt",
     total_steps: int | None = None,
+    horizon: Horizon | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR on base lr 1.0 whose k-th optimizer step (k = 1, 2, ...) uses lr(k):
-    `inverse_sqrt` (the paper's) or `linear` (decay to zero after `total_steps`; its peak is
-    `lr`, or the paper's peak for d_model and warm-up when `lr` is None).
+    `inverse_sqrt` (the paper's) or `linear` (decay to zero after `total_steps`, or after the
+    `horizon` a budgeted run fixes while it trains; its peak is `lr`, or the paper's peak for
+    d_model and warm-up when `lr` is None).
 
     LambdaLR evaluates its lambda at 0 on construction and after each step() at 1, 2, ...;
     shifting by one makes the first update use lr(1) rather than the useless lr(0) = 0.
@@ -70,13 +93,18 @@ def build_scheduler(
         group["lr"] = 1.0
         group["initial_lr"] = 1.0
     if schedule == "linear":
-        if total_steps is None or total_steps < warmup_steps:
-            raise ValueError(f"linear decay needs total_steps >= warmup_steps, got {total_steps}")
-        peak, total = (peak_lr(d_model, warmup_steps) if lr is None else lr), total_steps
+        if horizon is None:
+            if total_steps is None or total_steps < warmup_steps:
+                raise ValueError(
+                    f"linear decay needs total_steps >= warmup_steps, got {total_steps}"
+                )
+            horizon = Horizon(total_steps, warmup_steps)
+        peak, fixed = (peak_lr(d_model, warmup_steps) if lr is None else lr), horizon
 
         def linear(completed_steps: int) -> float:
             return linear_decay_lr(completed_steps + 1, peak=peak, warmup_steps=warmup_steps,
-                                   total_steps=total, warmup_init_lr=warmup_init_lr)  # fmt: skip
+                                   total_steps=fixed.total_steps, warmup_init_lr=warmup_init_lr,
+                                   decay_from=fixed.decay_from)  # fmt: skip
 
         return torch.optim.lr_scheduler.LambdaLR(optimizer, linear)
 

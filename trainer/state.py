@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from trainer.schedule import Horizon
 
 
 class Stateful(Protocol):
@@ -43,20 +45,35 @@ class RankStateful(Protocol):
 
 @dataclass
 class TrainState:
-    """Where the run is: optimizer steps taken, source + target tokens seen (all ranks), and
-    the wandb run id that every restart of the run logs to."""
+    """Where the run is: optimizer steps taken, source + target tokens seen (all ranks), the
+    wandb run id that every restart of the run logs to, and for a run on a budget
+    (trainer/budget.py) the schedule's horizon once fixed and the seconds spent so far."""
 
     step: int = 0
     tokens_seen: int = 0
     wandb_id: str = ""
+    # the scheduler reads this object: restoring changes its fields, never replaces it
+    horizon: Horizon = field(default_factory=Horizon)
+    budget_spent_s: float = 0.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "wandb_id": self.wandb_id}
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "wandb_id": self.wandb_id,
+            "horizon_steps": self.horizon.total_steps,
+            "horizon_decay_from": self.horizon.decay_from,
+            "budget_spent_s": self.budget_spent_s,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.tokens_seen = int(state["tokens_seen"])
         self.wandb_id = str(state["wandb_id"])
+        if "horizon_steps" in state:  # checkpoints of runs without a budget may lack them
+            self.horizon.total_steps = int(state["horizon_steps"])
+            self.horizon.decay_from = int(state["horizon_decay_from"])
+            self.budget_spent_s = float(state["budget_spent_s"])
 
 
 class RngState:

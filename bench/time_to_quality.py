@@ -1,0 +1,137 @@
+"""Quality per minute: `paperscale train` runs side by side on the same data and machine.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.time_to_quality --study schedules \\
+        --work /tmp/bench-ttq --data data/debian-ende [--minutes 6] [--smoke] [--json PATH]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.time_to_quality --study batch \\
+        --work /tmp/bench-ttq --data data/debian-ende [--steps 240] [--smoke] [--json PATH]
+
+`schedules`: the same training minutes (train.budget_minutes) with the budget's linear decay
+to zero against the paper's inverse square root, each ended by the budget at the same horizon
+rule; valid nll (log of the perplexity), BLEU of the final evaluation, steps.
+`batch`: the tiny preset at B target tokens per step and at 2B (twice the accumulation), the
+peak learning rate scaled by sqrt(2) (the square-root rule for Adam: Malladi et al., "On the
+SDEs and Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022), each for --steps
+steps; the steps and the training seconds each needs to reach the valid nll that B ends at.
+Both read every figure from the runs' own metrics.jsonl. Without --data a synthetic corpus is
+prepared under --work. `--smoke`: d_model 32 on the synthetic corpus (seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
+from bench.train_overhead import prepare_synthetic
+
+SCHEDULES = {
+    "linear decay to the budget's end": ["optim.schedule=linear"],
+    "inverse_sqrt (paper)": ["optim.schedule=inverse_sqrt"],
+}
+
+
+def train(args: argparse.Namespace, data: Path, name: str, over: list[str]) -> list[dict]:
+    """One 2-rank run; its metrics records."""
+    run_dir = Path(args.work) / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc", "2",
+        "--run-dir", str(run_dir), f"data.dir={data}", "logging.wandb=disabled",
+        "logging.tensorboard=false", "logging.report=false", "train.save_every=0",
+        *args.overrides, *over,
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def nll(record: dict) -> float:
+    return math.log(record["valid_ppl"])
+
+
+def schedules(args: argparse.Namespace, data: Path) -> list[Any]:
+    rows = []
+    case = {"minutes": args.minutes, "config": args.config, "ranks": 2}
+    for name, over in SCHEDULES.items():
+        records = train(args, data, name.split()[0], [f"train.budget_minutes={args.minutes}",
+                        "train.max_steps=1000000", *over])  # fmt: skip
+        last = [r for r in records if "valid_ppl" in r][-1]
+        steps = max(r["step"] for r in records)
+        print(f"{name}: {steps} steps, valid nll {nll(last):.3f}, BLEU {last.get('bleu', 0):.2f}",
+              flush=True)  # fmt: skip
+        rows += [
+            row(f"{name}: valid nll at the end", nll(last), "nats", **case),
+            row(f"{name}: BLEU at the end", last.get("bleu", 0.0), "BLEU", **case),
+            row(f"{name}: steps in the budget", steps, "steps", **case),
+        ]
+    return rows
+
+
+def to_target(records: list[dict], target: float) -> tuple[int, float] | None:
+    """(step, training seconds) of the first evaluation at or below `target` nll."""
+    seconds, last_time = 0.0, None
+    for r in records:
+        if "loss" in r and "tgt_tokens_per_step" in r:  # every step is logged
+            seconds += r["time"] - last_time if last_time is not None else 0.0
+            last_time = r["time"]
+        if "valid_ppl" in r and nll(r) <= target:
+            return r["step"], seconds
+    return None
+
+
+def batch(args: argparse.Namespace, data: Path) -> list[Any]:
+    base = [f"train.max_steps={args.steps}", "train.log_every=1", f"train.eval_every={args.every}",
+            "optim.schedule=inverse_sqrt"]  # fmt: skip
+    small = train(args, data, "batch-B", [*base, f"optim.lr={args.lr}",
+                                          f"train.grad_accum={args.accum}"])  # fmt: skip
+    big = train(args, data, "batch-2B", [*base, f"optim.lr={args.lr * math.sqrt(2):.6g}",
+                                         f"train.grad_accum={2 * args.accum}"])  # fmt: skip
+    target = nll([r for r in small if "valid_ppl" in r][-1])
+    case = {"target_nll": round(target, 4), "steps": args.steps, "lr_B": args.lr, "ranks": 2}
+    rows = []
+    for name, records in (("B", small), ("2B", big)):
+        hit = to_target(records, target)
+        tokens = [r["tgt_tokens_per_step"] for r in records if "tgt_tokens_per_step" in r]
+        per_step = sum(tokens) / len(tokens)
+        print(f"{name}: {per_step:,.0f} target tokens/step, reaches nll {target:.3f} at "
+              f"{hit if hit else 'never'}", flush=True)  # fmt: skip
+        rows.append(row(f"{name}: target tokens per step", per_step, "tokens", **case))
+        if hit:
+            rows.append(row(f"{name}: steps to the target nll", hit[0], "steps", **case))
+            rows.append(row(f"{name}: training seconds to the target nll", hit[1], "s", **case))
+        else:
+            rows.append(row(f"{name}: did not reach the target nll", 0.0, "steps", **case))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", choices=("schedules", "batch"), required=True)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--data", help="a prepared data dir (default: a synthetic corpus)")
+    parser.add_argument("--config", default="configs/demo.yaml")
+    parser.add_argument("--minutes", type=float, default=6.0)
+    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--every", type=int, default=20)
+    parser.add_argument("--accum", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("overrides", nargs="*")
+    add_output_arguments(parser, "d_model 32 on a synthetic corpus, 0.3 minutes or 12 steps")
+    args = parser.parse_args()
+    if args.smoke:
+        args.minutes, args.steps, args.every = 0.3, 12, 4
+        args.overrides = [*SMOKE_MODEL, "train.bleu_samples=8", "train.budget_calibration_steps=5",
+                          "optim.warmup_steps=5", *args.overrides]  # fmt: skip
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    data = Path(args.data) if args.data else prepare_synthetic(Path(args.work), 2000)
+    rows = schedules(args, data) if args.study == "schedules" else batch(args, data)
+    write_rows(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""Training against a wall-clock budget (`train.budget_minutes`).
+
+A run with a budget measures its step time early (`train.budget_calibration_steps` steps after
+a few left alone), times one validation pass and a short decode, and from them fixes the
+schedule's horizon once: the last step that, with the evaluations and saves due on the way and
+the final ones, ends within the budget. The horizon goes into every checkpoint (`TrainState`),
+so a resumed run keeps the same learning-rate curve and stays bitwise; the linear schedule
+decays to zero at it (trainer/schedule.py). Time counts from the start of each attempt's
+trainer, and what the checkpoint resumed from had spent is carried over; work lost to a crash
+after the last checkpoint is not counted.
+
+Should the machine run slower than measured, the run stops where it is once the budget and
+`BUDGET_OVERRUN` of it are spent, saying so; the horizon is not moved.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import TrainConfig
+from trainer.dist import DistEnv
+from trainer.metrics import stderr_warn
+from trainer.schedule import Horizon
+from trainer.state import TrainState
+
+SKIP_STEPS = 3  # an attempt's first steps, left out of the measurement (allocator, loader start)
+SAFETY = 0.97  # of the budget left, planned for (the rest absorbs noise in the step time)
+BUDGET_OVERRUN = 0.05  # of the budget, past which a run stops before its horizon
+BLEU_PROBE_SAMPLES = 16  # sentences decoded to time BLEU, scaled to train.bleu_samples
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured seconds: one training step, one validation pass, one BLEU evaluation (of
+    train.bleu_samples sentences; 0 when no BLEU is due) and one save."""
+
+    step_s: float
+    eval_s: float
+    bleu_s: float
+    save_s: float
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often evaluations and saves come (steps; 0 = only at the end)."""
+
+    eval_every: int
+    bleu_every: int
+    save_every: int
+
+
+def _due_between(every: int, first: int, last: int) -> int:
+    """Multiples of `every` in [first, last) (0 when `every` is 0): the periodic events
+    before the final step, whose own evaluation and save are counted apart."""
+    if every <= 0 or last <= first:
+        return 0
+    return (last - 1) // every - (first - 1) // every
+
+
+def time_to(step: int, horizon: int, costs: Costs, cadence: Cadence) -> float:
+    """Seconds from after `step` to the end of a run whose last step is `horizon`: its steps,
+    the evaluations and saves due before it, and the final evaluation (with BLEU) and save."""
+    first = step + 1
+    evals = _due_between(cadence.eval_every, first, horizon)
+    bleus = _due_between(cadence.bleu_every, first, horizon)
+    saves = _due_between(cadence.save_every, first, horizon)
+    return (
+        (horizon - step) * costs.step_s
+        + (evals + 1) * costs.eval_s
+        + (bleus + 1) * costs.bleu_s
+        + (saves + 1) * costs.save_s
+    )
+
+
+def plan_horizon(step: int, left_s: float, costs: Costs, cadence: Cadence, max_steps: int) -> int:
+    """The last step of a run at `step` with `left_s` seconds left: the largest horizon whose
+    remaining work fits SAFETY of the time left, at most `max_steps` and at least `step + 1`."""
+    budget = SAFETY * left_s
+    if time_to(step, step + 1, costs, cadence) >= budget:
+        return min(step + 1, max_steps)
+    per_step = costs.step_s
+    per_step += costs.eval_s / cadence.eval_every if cadence.eval_every else 0.0
+    per_step += costs.bleu_s / cadence.bleu_every if cadence.bleu_every else 0.0
+    per_step += costs.save_s / cadence.save_every if cadence.save_every else 0.0
+    fixed = costs.eval_s + costs.bleu_s + costs.save_s
+    guess = step + max(1, math.floor((budget - fixed) / per_step))
+    guess = min(guess, max_steps)
+    # the amortised guess is within a few events of the exact count: walk to it
+    while guess > step + 1 and time_to(step, guess, costs, cadence) > budget:
+        guess -= 1
+    while guess < max_steps and time_to(step, guess + 1, costs, cadence) <= budget:
+        guess += 1
+    return guess
+
+
+class BudgetClock:
+    """This rank's view of the budget: time spent (carried over from the checkpoint plus this
+    attempt's), and the step-time measurement window, which leaves out the seconds spent
+    outside steps (evaluations, saves)."""
+
+    def __init__(self, budget_minutes: float, calibration_steps: int) -> None:
+        self.budget_s = 60.0 * budget_minutes
+        self.calibration_steps = calibration_steps
+        self.attempt_start = time.monotonic()
+        self.carried_s = 0.0
+        self.window_start = SKIP_STEPS
+        self.outside_s = 0.0  # evaluations and saves since the attempt started
+        self.mark: tuple[float, float] | None = None  # (clock, outside_s) at window_start
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_s > 0
+
+    def start(self, start_step: int, carried_s: float) -> None:
+        """The attempt starts at `start_step`, after `carried_s` spent by the attempts before
+        (what the checkpoint it resumed from had spent)."""
+        self.window_start = start_step + SKIP_STEPS
+        self.carried_s = carried_s
+
+    def spent_s(self) -> float:
+        return self.carried_s + time.monotonic() - self.attempt_start
+
+    def over(self) -> bool:
+        """Past the budget and its overrun allowance."""
+        return self.enabled and self.spent_s() > self.budget_s * (1.0 + BUDGET_OVERRUN)
+
+    @contextmanager
+    def outside(self) -> Iterator[None]:
+        """Time in this block (an evaluation, a save) is left out of the step-time window."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.outside_s += time.monotonic() - t0
+
+    def after_step(self, step: int) -> None:
+        if step == self.window_start:
+            self.mark = (time.monotonic(), self.outside_s)
+
+    def due(self, step: int, horizon: Horizon) -> bool:
+        """Whether `step` is where this attempt fixes the horizon."""
+        end = self.window_start + self.calibration_steps
+        return self.enabled and horizon.total_steps == 0 and step == end
+
+    def measured_step_s(self, step: int) -> float:
+        """Seconds per step over the window ending at `step` (evaluations and saves left out)."""
+        assert self.mark is not None, "the window starts before calibration"
+        clock, outside = self.mark
+        return (time.monotonic() - clock - (self.outside_s - outside)) / (step - self.window_start)
+
+
+def decay_start(warmup_steps: int, step: int) -> int:
+    """The first step of the decay when the horizon is fixed after `step`: the warm-up's end,
+    or the step after `step` when the warm-up is already over (the peak held until then)."""
+    return max(warmup_steps, step + 1)
+
+
+def agree_on_costs(costs: Costs, env: DistEnv) -> Costs:
+    """Every rank's measured costs, the slowest rank's kept: all ranks then fix the same
+    horizon, which the slowest one can keep to."""
+    local = torch.tensor(
+        [costs.step_s, costs.eval_s, costs.bleu_s, costs.save_s], dtype=torch.float64
+    ).to(env.device)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    step_s, eval_s, bleu_s, save_s = local.tolist()
+    return Costs(step_s, eval_s, bleu_s, save_s)
+
+
+def horizon_line(budget_minutes: float, step: int, costs: Costs, horizon: Horizon) -> str:
+    """The one line that says how the budget fixed the schedule."""
+    return (
+        f"budget: train.budget_minutes={budget_minutes:g}; measured {costs.step_s:.3f} s per "
+        f"step (to step {step}), validation "
+        f"{costs.eval_s:.1f} s, BLEU {costs.bleu_s:.1f} s, save {costs.save_s:.1f} s: the run "
+        f"ends at step {horizon.total_steps}, the learning rate decaying from step "
+        f"{horizon.decay_from}"
+    )
+
+
+class Probe(Protocol):
+    """What fixing the horizon times: a validation pass (its metrics are logged) and the
+    decoding of `samples` validation sentences."""
+
+    def validation(self) -> dict[str, float]: ...
+
+    def decode(self, samples: int) -> None: ...
+
+
+class Budget:
+    """One attempt's budget: its clock, the horizon it fixes in the train state, and whether
+    the budget ran out before the horizon."""
+
+    def __init__(
+        self, train: TrainConfig, warmup_steps: int, state: TrainState, env: DistEnv
+    ) -> None:
+        self.cfg, self.warmup_steps, self.state, self.env = train, warmup_steps, state, env
+        self.clock = BudgetClock(train.budget_minutes, train.budget_calibration_steps)
+        self.spent = False  # the budget and its overrun allowance ran out before the horizon
+
+    @property
+    def enabled(self) -> bool:
+        return self.clock.enabled
+
+    def horizon_for(self, schedule: str) -> Horizon | None:
+        """The horizon the scheduler reads: a budget's for the linear schedule, else none
+        (the schedule then ends at train.max_steps, or has no end)."""
+        return self.state.horizon if self.enabled and schedule == "linear" else None
+
+    def start(self, start_step: int) -> None:
+        self.clock.start(start_step, self.state.budget_spent_s)
+
+    def end_step(self) -> int:
+        """The run's last step: train.max_steps, or the horizon once fixed."""
+        horizon = self.state.horizon.total_steps if self.enabled else 0
+        return min(self.cfg.max_steps, horizon) if horizon else self.cfg.max_steps
+
+    def over(self) -> bool:
+        return self.clock.over()
+
+    def before_save(self) -> None:
+        self.state.budget_spent_s = self.clock.spent_s()  # in the checkpoint: rank 0's
+
+    def after_step(
+        self, step: int, over: bool, probe: Probe, save_s: float, lr: float
+    ) -> dict[str, float]:
+        """Measure; fix the horizon when due (returns the probe's validation metrics and the
+        horizon, for the step's record); or end the run once the budget is spent (`over`,
+        agreed by all ranks), saying so with the learning rate `lr` it ends at."""
+        if not self.enabled:
+            return {}
+        self.clock.after_step(step)
+        if self.clock.due(step, self.state.horizon):
+            return self.fix(step, probe, save_s)
+        if over and step < self.end_step():
+            self.spent = True
+            if self.env.is_main:
+                stderr_warn(self.spent_line(step, lr))
+        return {}
+
+    def fix(self, step: int, probe: Probe, save_s: float) -> dict[str, float]:
+        """Fix the horizon at `step` from the measured step time and the probe's timings."""
+        env = self.env
+        step_s = self.clock.measured_step_s(step)
+        with self.clock.outside():
+            t0 = time.monotonic()
+            record = probe.validation()
+            eval_s = time.monotonic() - t0
+            samples = min(BLEU_PROBE_SAMPLES, self.cfg.bleu_samples)
+            t0 = time.monotonic()
+            probe.decode(samples)
+            bleu_s = (time.monotonic() - t0) * self.cfg.bleu_samples / samples
+        costs = agree_on_costs(Costs(step_s, eval_s, bleu_s, save_s), env)
+        cadence = Cadence(self.cfg.eval_every, self.cfg.bleu_every, self.cfg.save_every)
+        left = self.clock.budget_s - self.clock.spent_s()
+        horizon = self.state.horizon
+        horizon.total_steps = plan_horizon(step, left, costs, cadence, self.cfg.max_steps)
+        horizon.decay_from = decay_start(self.warmup_steps, step)
+        if env.is_main:
+            print(horizon_line(self.cfg.budget_minutes, step, costs, horizon), flush=True)
+        return {**record, "horizon": float(horizon.total_steps)}
+
+    def spent_line(self, step: int, lr: float) -> str:
+        horizon = self.state.horizon.total_steps or "not fixed yet"
+        return (
+            f"train.budget_minutes={self.cfg.budget_minutes:g} spent at step {step}, before "
+            f"the schedule's end at step {horizon}: the run ends here with lr {lr:.3g}"
+        )
+
+    def summary(self) -> dict[str, float | int | None]:
+        """The run summary's budget figures (none without a budget)."""
+        if not self.enabled:
+            return {}
+        spent = round(self.clock.spent_s(), 1)
+        return {"horizon": self.state.horizon.total_steps or None, "budget_spent_s": spent}
