@@ -86,7 +86,7 @@ def to_target(records: list[dict], target: float) -> tuple[int, float] | None:
 
 def batch(args: argparse.Namespace, data: Path) -> list[Any]:
     base = [f"train.max_steps={args.steps}", "train.log_every=1", f"train.eval_every={args.every}",
-            "optim.schedule=inverse_sqrt"]  # fmt: skip
+            "optim.schedule=inverse_sqrt", "train.budget_minutes=0"]  # fmt: skip
     small = train(args, data, "batch-B", [*base, f"optim.lr={args.lr}",
                                           f"train.grad_accum={args.accum}"])  # fmt: skip
     big = train(args, data, "batch-2B", [*base, f"optim.lr={args.lr * math.sqrt(2):.6g}",

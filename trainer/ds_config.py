@@ -19,6 +19,15 @@ def skips_nonfinite_steps(optim: OptimConfig) -> bool:
     return optim.fused
 
 
+def step_guards_update(train: TrainConfig, optim: OptimConfig) -> bool:
+    """Whether the train step must guard the update against a non-finite loss itself: where
+    DeepSpeed's own check is off (bf16 with the fused kernel; fp32 without the gradient norm,
+    whose validity DeepSpeed checks otherwise). fp16's loss scaler skips such steps itself."""
+    if not skips_nonfinite_steps(optim):
+        return False
+    return train.precision == "bf16" or (train.precision == "fp32" and not optim.grad_norm)
+
+
 def build_ds_config(
     train: TrainConfig, optim: OptimConfig, world_size: int, load_universal: bool = False
 ) -> dict[str, Any]:

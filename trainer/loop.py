@@ -24,6 +24,7 @@ from trainer.budget import Budget
 from trainer.checkpoint import CheckpointError
 from trainer.checkpointer import CheckpointManager, export_source
 from trainer.dist import DistEnv, broadcast_str, init_distributed
+from trainer.ds_config import step_guards_update
 from trainer.engine import build_engine, seed_everything
 from trainer.evaluate import Evaluator
 from trainer.export import export_checkpoint
@@ -213,6 +214,7 @@ class Trainer:
             [self.stop_request.requested, clock_due, self.env.is_main and self.budget.over()],
             nonfinite_flag(self.step_sums, self.env.device),
             self.abandon,
+            step_guards_update(self.cfg, self.job.optim),
         )
         self.stopping, self.save_due, budget_over, prev_nonfinite = result.flags
         self.record = {}

@@ -36,6 +36,7 @@ def train_step(
     flags: list[bool],
     device_flags: torch.Tensor | None = None,
     abandon: Callable[[int], bool] | None = None,
+    guard: bool = True,
 ) -> StepResult:
     """One optimizer step over `batches` (the accumulation micro-batches of this rank).
 
@@ -49,7 +50,8 @@ def train_step(
     A stop request agreed there skips the step; `abandon(i)` (all ranks call it after
     micro-batch i, before the last; it must agree across ranks) drops the step in flight before
     the optimizer update. Either way `completed` is False and the engine's weights and optimizer
-    are those of the last finished step.
+    are those of the last finished step. `guard`: the step keeps a non-finite loss from
+    updating (trainer/ds_config.py `step_guards_update`; false where DeepSpeed checks itself).
     """
     host = torch.tensor([sum(b.n_tgt_tokens for b in batches), *map(float, flags)])
     counts = host.to(env.device, torch.float64, non_blocking=True)
@@ -73,7 +75,7 @@ def train_step(
         if abandon is not None and i < len(batches) - 1 and abandon(i):
             return StepResult(sums, agreed, completed=False, micro_batches_run=i + 1)
         sums[:3] += torch.stack([loss.detach(), nll.detach(), ntok.detach()]).double()
-        guarded = guard_update(engine, sums) if i == len(batches) - 1 else None
+        guarded = guard_update(engine, sums) if guard and i == len(batches) - 1 else None
         with record_function(REGION_OPTIMIZER):
             engine.step()
         if guarded is not None:

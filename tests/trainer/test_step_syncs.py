@@ -18,6 +18,7 @@ from data_pipeline.batching import Batch
 from launch.config import load_config
 from model.config import ModelConfig
 from trainer.dist import DistEnv
+from trainer.ds_config import step_guards_update
 from trainer.engine import build_engine
 from trainer.step import torch_optimizer, train_step
 
@@ -69,8 +70,8 @@ def batches(seed: int) -> list[Batch]:
     return out
 
 
-def step(engine: Any, env: DistEnv, seed: int) -> Any:
-    return train_step(engine, batches(seed), env, 0.1, [False, False], torch.zeros(1))
+def step(engine: Any, env: DistEnv, seed: int, guard: bool = True) -> Any:
+    return train_step(engine, batches(seed), env, 0.1, [False, False], torch.zeros(1), None, guard)
 
 
 @pytest.mark.parametrize(
@@ -99,11 +100,14 @@ def test_a_step_reads_the_device_once(env: DistEnv, over: tuple[str, ...]) -> No
 
 
 def test_the_fp32_grad_norm_costs_one_more_read(env: DistEnv) -> None:
-    """What optim.grad_norm=false saves, counted the same way (DeepSpeed checks the norm)."""
+    """What optim.grad_norm=false saves, counted the same way (DeepSpeed checks the norm, and
+    the step then leaves the guarding to it)."""
     engine = engine_for(env, "train.precision=fp32")
+    job = load_config(None, [*TINY, "train.precision=fp32"])
+    assert not step_guards_update(job.train, job.optim)
     counter = CountReads()
     with counter:
-        step(engine, env, 0)
+        step(engine, env, 0, guard=False)
     assert sum(counter.reads.values()) == 2 and counter.reads["tolist"] == 1
 
 
@@ -116,23 +120,32 @@ def state(engine: Any) -> list[torch.Tensor]:
     ]
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_a_non_finite_step_changes_nothing(env: DistEnv, precision: str) -> None:
-    engine = engine_for(env, f"train.precision={precision}")
-    step(engine, env, 0)
+@pytest.mark.parametrize(
+    "over",
+    [("train.precision=bf16",), ("train.precision=fp32",),
+     ("train.precision=fp32", "optim.grad_norm=false")],
+    ids=["bf16", "fp32", "fp32-no-grad-norm"],
+)  # fmt: skip
+def test_a_non_finite_step_changes_nothing(env: DistEnv, over: tuple[str, ...]) -> None:
+    """Whoever guards the update (the step, or DeepSpeed's norm check in fp32), as the loop
+    decides it."""
+    job = load_config(None, [*TINY, *over])
+    guard = step_guards_update(job.train, job.optim)
+    engine = engine_for(env, *over)
+    step(engine, env, 0, guard)
     before = state(engine)
     poison = engine.module.register_forward_hook(
         lambda mod, args, out: (out[0] * float("nan"), *out[1:])
     )
     try:
-        result = step(engine, env, 1)  # NaN loss, NaN gradients
+        result = step(engine, env, 1, guard)  # NaN loss, NaN gradients
     finally:
         poison.remove()
     assert result.completed and not torch.isfinite(result.sums[0])
     after = state(engine)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    assert torch_optimizer(engine).found_inf is None  # type: ignore[union-attr]  # one step only
-    result = step(engine, env, 2)  # the next finite step trains again
+    assert getattr(torch_optimizer(engine), "found_inf", None) is None  # one step only
+    result = step(engine, env, 2, guard)  # the next finite step trains again
     assert torch.isfinite(result.sums[0])
     later = state(engine)
     assert any(not torch.equal(a, b) for a, b in zip(before, later, strict=True))
