@@ -78,9 +78,11 @@ $(FAIRSEQ_VENV)/.installed:
 $(DATA)/manifest.json: $(CORPUS)/corpus.json
 	$(PS) prepare $(CORPUS) $(DATA) --config configs/tiny.yaml --workers 2
 
+# configs/demo.yaml: the tiny model on a time budget (DEMO_MINUTES=N for another one).
 demo: venv $(DATA)/manifest.json
 	rm -rf $(DEMO_RUN)
-	$(PS) train --config configs/tiny.yaml --nproc 2 --run-dir $(DEMO_RUN) data.dir=$(DATA)
+	$(PS) train --config configs/demo.yaml --nproc 2 --run-dir $(DEMO_RUN) data.dir=$(DATA) \
+		$(if $(DEMO_MINUTES),train.budget_minutes=$(DEMO_MINUTES))
 	$(PS) evaluate $(DEMO_RUN) --data $(DATA) --split test --beam 4 --show 5
 	$(PS) status $(DEMO_RUN)
 

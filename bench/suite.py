@@ -261,6 +261,34 @@ REGISTRY: tuple[Bench, ...] = (
         smoke_timeout_s=400,
     ),
     Bench(
+        "plan_calibration",
+        "`paperscale plan`'s step model on this machine: one CPU rank's effective GFLOP/s and "
+        "overheads per step and per micro-batch (tiny preset), and the model's error at the "
+        "preset's own batch.",
+        (
+            "{python}",
+            "-m",
+            "bench.plan_calibration",
+            "--out",
+            "{work}/plan-calibration.json",
+            "--json",
+            "{json}",
+        ),
+        (
+            "{python}",
+            "-m",
+            "bench.plan_calibration",
+            "--smoke",
+            "--out",
+            "{work}/plan-calibration.json",
+            "--json",
+            "{json}",
+        ),
+        ONE_THREAD,
+        timeout_s=900,
+        smoke_timeout_s=120,
+    ),
+    Bench(
         "budget_schedules",
         "The same minutes of `paperscale train` (demo preset, 2 CPU ranks) with the budget's "
         "linear decay against the paper's inverse square root: valid nll, BLEU, steps.",

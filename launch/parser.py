@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 
 from launch.cmd_data import cmd_corpus, cmd_prepare
-from launch.cmd_info import cmd_plan, cmd_report, cmd_status
+from launch.cmd_info import cmd_report, cmd_status
 from launch.cmd_model import cmd_evaluate, cmd_export, cmd_translate
 from launch.cmd_train import cmd_submit, cmd_train
+from launch.plan_cmd import cmd_plan
 from trainer.serve.formats import QUANTIZATIONS
 
 Subparsers = argparse._SubParsersAction  # the object add_subparsers returns
@@ -219,34 +220,71 @@ def add_plan(sub: Subparsers) -> None:
     """`plan`: memory, batch and time before any GPU is spent."""
     plan = sub.add_parser(
         "plan",
-        help="memory per rank per ZeRO stage, micro-batch x accumulation, time per step",
+        help="memory per rank per ZeRO stage, micro-batch x accumulation, time per step and "
+        "to a BLEU",
         description="Before any GPU is spent: per-rank memory of parameters, gradients, "
         "optimizer states and DeepSpeed buffers for ZeRO 0-3, activations, the largest "
         "micro-batch that fits, the accumulation reaching --target-tokens (per side) per "
-        "step, FLOPs and time at an assumed MFU, and the recommended stage.",
+        "step, FLOPs, the step time (measured with --calibration, else assumed), the time to "
+        "a published run's BLEU, and the recommended stage.",
     )
     plan.add_argument("--config", required=True)
     plan.add_argument("--nodes", type=int, default=1)
-    plan.add_argument("--gpus-per-node", type=int, default=8)
+    plan.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (8)")
     plan.add_argument(
         "--gpu",
         help="the GPU model (e.g. h200, a100, v100, t4): its memory and peak from the table in "
         "trainer/flops.py, and the precision train.precision=auto picks on it",
     )
     plan.add_argument(
-        "--gpu-mem", type=float, help="GiB per rank (default: --gpu's memory, else 80)"
+        "--gpu-mem",
+        type=float,
+        help="GiB per rank (default: --gpu's memory, else the calibration's, else 80)",
     )
     plan.add_argument(
-        "--target-tokens", type=int, default=25000, help="tokens per side per step (25000)"
+        "--target-tokens",
+        default="25000",
+        help="tokens per side per step (25000, the paper's), or 'config' for the config's "
+        "data.max_tokens x train.grad_accum x ranks",
     )
-    plan.add_argument("--mfu", type=float, default=0.4, help="assumed MFU (default 0.4)")
+    plan.add_argument(
+        "--batch-tolerance",
+        type=float,
+        default=0.1,
+        help="how far a step of the largest micro-batches may land from the target (0.1)",
+    )
+    add_plan_speed(plan)
+    plan.add_argument("--json", action="store_true")
+    plan.add_argument("overrides", nargs="*", metavar="key=value")
+    plan.set_defaults(func=cmd_plan)
+
+
+def add_plan_speed(plan: argparse.ArgumentParser) -> None:
+    """`plan`'s step time, time to BLEU and save time: measured or assumed figures."""
+    plan.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="this machine's measured speed (python -m bench.plan_calibration --out FILE)",
+    )
+    plan.add_argument("--mfu", type=float, help="assumed MFU of a device not measured (0.4)")
     plan.add_argument(
         "--peak-tflops",
         type=float,
-        help="peak dense TFLOP/s per rank (default: --gpu's datasheet figure at the precision, "
-        "else 790, an H200's measured bf16 matmul rate; on a CPU pass the matmul rate "
-        "trainer.flops.measured_cpu_peak_flops reports)",
+        help="peak dense TFLOP/s per rank of a device not measured (default: --gpu's datasheet "
+        "figure at the precision, else 790, an H200's measured bf16 matmul rate)",
     )
+    plan.add_argument(
+        "--overhead-ms",
+        type=float,
+        help="assumed overhead per step of a device not measured, in ms (10)",
+    )
+    plan.add_argument(
+        "--fill",
+        type=float,
+        default=1.0,
+        help="share of data.max_tokens the batcher fills per micro-batch, for the step time (1)",
+    )
+    plan.add_argument("--anchor", help="the published run the time to BLEU is taken from")
     plan.add_argument(
         "--headroom", type=float, default=0.1, help="fraction of --gpu-mem left free (0.1)"
     )
@@ -259,9 +297,6 @@ def add_plan(sub: Subparsers) -> None:
         default=1.0,
         help="GB/s a node writes checkpoints at (assumed; default 1.0): the save time",
     )
-    plan.add_argument("--json", action="store_true")
-    plan.add_argument("overrides", nargs="*", metavar="key=value")
-    plan.set_defaults(func=cmd_plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """The planner: memory per rank for each ZeRO stage, micro-batch x accumulation, time per step.
 
 Pure functions of the config's shapes and a few machine figures; nothing here starts a process
-or touches a device. `paperscale plan` prints `make_plan`'s result.
+or touches a device. `paperscale plan` (launch/plan_cmd.py) prints `make_plan`'s result with the
+step time model of launch/plan_speed.py and the time to a BLEU of launch/plan_quality.py.
 
 Memory of the model states (per rank, Psi parameters, N data-parallel ranks) follows the ZeRO
 paper's accounting as DeepSpeed 0.19 allocates it for bf16/fp16 mixed precision: 16-bit
@@ -27,7 +28,6 @@ import math
 from dataclasses import dataclass
 
 from launch.plan_activations import activation_bytes, loss_workspace_bytes, per_token_bytes
-from launch.plan_save import checkpoint_lines
 from model.config import ModelConfig
 from model.params import count_parameters
 from trainer.flops import step_flops
@@ -39,6 +39,10 @@ H200_BF16_MEASURED = 790e12
 # CUDA context, cuBLAS workspaces and NCCL buffers: memory a rank never gets for tensors.
 RUNTIME_RESERVE_BYTES = 1 * GIB
 TOKEN_MULTIPLE = 256  # micro-batch sizes are searched in steps of this many tokens
+# How far a step of the largest micro-batches may land from the target before the micro-batch
+# is shrunk to meet it: at 1-4 micro-batches per step one more or one fewer moves the step by
+# 25 % or more, which would change the recipe the target stands for.
+BATCH_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class Machine:
     headroom: float = 0.1  # fraction of gpu_mem kept free (allocator fragmentation)
     mfu: float = 0.4
     peak_flops: float = H200_BF16_MEASURED
+    overhead_s: float = 0.0  # per optimizer step, beyond the matmuls (launch/plan_speed.py)
+    overhead_micro_s: float = 0.0  # per micro-batch, beyond its matmuls
 
     @property
     def world(self) -> int:
@@ -181,6 +187,37 @@ def accumulation_steps(target_tokens: int, micro_tokens: int, world: int) -> int
     return max(1, math.ceil(target_tokens / (micro_tokens * world)))
 
 
+def choose_batch(
+    fit: int,
+    target_tokens: int,
+    world: int,
+    tolerance: float = BATCH_TOLERANCE,
+    multiple: int = TOKEN_MULTIPLE,
+) -> tuple[int, int]:
+    """(micro_tokens, grad_accum) on ranks that fit `fit` tokens per micro-batch (> 0).
+
+    The micro-batch is the largest that fits, up to the rank's share of one step (a larger one
+    would overshoot the target in a single micro-batch): fewer, larger micro-batches launch
+    fewer kernels per token and, at ZeRO 2, reduce gradients fewer times per step. The
+    accumulation is then the count whose step lands nearest the target (on a log scale). Only
+    when that step misses the target by more than `tolerance` is the micro-batch shrunk: to
+    the smallest multiple that reaches the target in the fewest accumulation steps.
+    """
+    if fit <= 0:
+        raise ValueError("micro-batch must be > 0 tokens")
+    share = math.ceil(math.ceil(target_tokens / world) / multiple) * multiple
+    micro = min(fit, share)
+    if micro == share:
+        return micro, 1
+    ratio = target_tokens / (micro * world)  # > 1: micro < share
+    low, high = math.floor(ratio), math.ceil(ratio)
+    accum = low if ratio / low <= high / ratio else high
+    if abs(accum * micro * world / target_tokens - 1) <= tolerance:
+        return micro, accum
+    need = math.ceil(target_tokens / (high * world))
+    return math.ceil(need / multiple) * multiple, high
+
+
 def stage_plan(
     cfg: ModelConfig,
     stage: int,
@@ -190,12 +227,12 @@ def stage_plan(
     checkpointing: bool = False,
     buckets: Buckets | None = None,
     compiled: bool = False,
+    tolerance: float = BATCH_TOLERANCE,
 ) -> dict[str, float | int | bool]:
     """One stage's memory, micro-batch and accumulation on `machine`.
 
-    `max_micro_tokens` is the largest micro-batch that fits; `grad_accum` the fewest steps that
-    reach the target with it; `micro_tokens` the smallest multiple of TOKEN_MULTIPLE that
-    still reaches the target in that many steps (less overshoot, same accumulation).
+    `max_micro_tokens` is the largest micro-batch that fits; `micro_tokens` and `grad_accum`
+    are `choose_batch`'s for the target.
     """
     buckets = buckets or ds_buckets()
     n_params = count_parameters(cfg)["total"]
@@ -203,23 +240,13 @@ def stage_plan(
     states = model_state_bytes(n_params, stage, machine.world, precision, buckets, persistent)
     states["buffers"] += module_buffer_bytes(cfg)
     states["total"] += module_buffer_bytes(cfg)
-    cap = math.ceil(target_tokens / machine.world)
-    micro = largest_micro_batch(
-        cfg,
-        states["total"],
-        machine.usable_bytes(),
-        precision,
-        checkpointing,
-        cap=cap,
-        compiled=compiled,
+    fit = largest_micro_batch(
+        cfg, states["total"], machine.usable_bytes(), precision, checkpointing, compiled=compiled
     )
     out: dict[str, float | int | bool] = {"stage": stage, **states}
-    out["fits"] = micro > 0
-    out["max_micro_tokens"] = micro
-    accum = accumulation_steps(target_tokens, micro, machine.world) if micro else 0
-    if accum:  # the smallest multiple that still reaches the target in `accum` steps
-        need = math.ceil(target_tokens / (accum * machine.world))
-        micro = min(micro, math.ceil(need / TOKEN_MULTIPLE) * TOKEN_MULTIPLE)
+    out["fits"] = fit > 0
+    out["max_micro_tokens"] = fit
+    micro, accum = choose_batch(fit, target_tokens, machine.world, tolerance) if fit else (0, 0)
     out["micro_tokens"] = micro
     out["activations"] = activation_bytes(cfg, micro, precision, checkpointing, compiled)
     out["grad_accum"] = accum
@@ -240,6 +267,35 @@ def recommend_stage(stages: list[dict[str, float | int | bool]]) -> int | None:
     return min(int(s["stage"]) for s in fitting if int(s["grad_accum"]) == fewest)
 
 
+def step_time(
+    cfg: ModelConfig,
+    machine: Machine,
+    tokens: int,
+    seq_len: int,
+    checkpointing: bool = False,
+    fill: float = 1.0,
+    accum: int = 1,
+) -> dict[str, float]:
+    """FLOPs and seconds of one optimizer step of `tokens` padded tokens per side (all ranks)
+    in `accum` micro-batches per rank.
+
+    step_s = FLOPs of the tokens the micro-batches hold (`fill` of their budget) / (ranks x
+    peak x MFU) + the overhead per step + accum x the overhead per micro-batch
+    (launch/plan_speed.py).
+    """
+    flops = step_flops(cfg, tokens, tokens, seq_len, seq_len)
+    if checkpointing:
+        flops *= 4 / 3  # the forward pass runs twice
+    compute_s = fill * flops / (machine.world * machine.peak_flops * machine.mfu)
+    overhead_s = machine.overhead_s + accum * machine.overhead_micro_s
+    return {
+        "flops": flops,
+        "compute_s": compute_s,
+        "overhead_s": overhead_s,
+        "step_s": compute_s + overhead_s,
+    }
+
+
 def _chosen_stage(
     cfg: ModelConfig,
     machine: Machine,
@@ -247,23 +303,26 @@ def _chosen_stage(
     max_steps: int,
     checkpointing: bool,
     seq_len: int,
+    fill: float,
 ) -> dict:
     """The recommended stage's batch, FLOPs, step and total time, and its overrides."""
     tokens = int(chosen["micro_tokens"]) * int(chosen["grad_accum"]) * machine.world
-    flops = step_flops(cfg, tokens, tokens, seq_len, seq_len)
-    if checkpointing:
-        flops *= 4 / 3  # the forward pass runs twice
-    step_s = flops / (machine.world * machine.peak_flops * machine.mfu)
+    accum = int(chosen["grad_accum"])
+    step = step_time(cfg, machine, tokens, seq_len, checkpointing, fill, accum)
     return {
         "micro_tokens": chosen["micro_tokens"],
+        "max_micro_tokens": chosen["max_micro_tokens"],
         "grad_accum": chosen["grad_accum"],
         "tokens_per_step_per_side": tokens,
-        "flops_per_step": flops,
+        "flops_per_step": step["flops"],
         "mfu": machine.mfu,
         "peak_tflops": machine.peak_flops / 1e12,
-        "step_s": step_s,
+        "overhead_s": step["overhead_s"],
+        "fill": fill,
+        "compute_s": step["compute_s"],
+        "step_s": step["step_s"],
         "max_steps": max_steps,
-        "total_hours": step_s * max_steps / 3600,
+        "total_hours": step["step_s"] * max_steps / 3600,
         "overrides": [
             f"train.zero_stage={chosen['stage']}",
             f"data.max_tokens={chosen['micro_tokens']}",
@@ -282,6 +341,8 @@ def make_plan(
     seq_len: int = 32,
     buckets: Buckets | None = None,
     compiled: bool = False,
+    tolerance: float = BATCH_TOLERANCE,
+    fill: float = 1.0,
 ) -> dict:
     """Everything `paperscale plan` prints.
 
@@ -290,11 +351,15 @@ def make_plan(
     the step's target_tokens on both sides at padded length `seq_len` (trainer/flops.py).
     `compiled` is `train.compile`: the loss is then the compiler's fused one, whose logits
     grow with the micro-batch, instead of the chunked one (launch/plan_activations.py).
+    `tolerance` is how far the step may land from the target (`choose_batch`); `fill` the
+    share of a micro-batch's token budget its batches hold, which the step time counts.
     """
     if target_tokens < 1:
         raise ValueError("target tokens must be >= 1")
     stages = [
-        stage_plan(cfg, s, machine, target_tokens, precision, checkpointing, buckets, compiled)
+        stage_plan(
+            cfg, s, machine, target_tokens, precision, checkpointing, buckets, compiled, tolerance
+        )
         for s in STAGES
     ]
     best = recommend_stage(stages)
@@ -307,57 +372,11 @@ def make_plan(
         "activation_checkpointing": checkpointing,
         "compiled": compiled,
         "target_tokens_per_side": target_tokens,
+        "batch_tolerance": tolerance,
         "stages": stages,
         "recommended_stage": best,
     }
     if best is not None:
-        out.update(_chosen_stage(cfg, machine, stages[best], max_steps, checkpointing, seq_len))
+        chosen = _chosen_stage(cfg, machine, stages[best], max_steps, checkpointing, seq_len, fill)
+        out.update(chosen)
     return out
-
-
-def format_plan(plan: dict) -> str:
-    """The human table."""
-    p = plan["params"]
-    lines = [
-        f"parameters       {p['total']:,} (embeddings {p['embeddings']:,}, encoder "
-        f"{p['encoder']:,}, decoder {p['decoder']:,})",
-        f"ranks            {plan['world']} x {plan['gpu_mem_gib']:g} GiB "
-        f"({plan['usable_gib']:.1f} GiB usable per rank), {plan['precision']}, "
-        f"activation checkpointing {'on' if plan['activation_checkpointing'] else 'off'}, "
-        f"loss {'fused by torch.compile' if plan.get('compiled') else 'chunked'}",
-        f"target           {plan['target_tokens_per_side']:,} tokens per side per step",
-    ]
-    if plan.get("precision_from"):
-        lines.append(f"precision        {plan['precision']} ({plan['precision_from']})")
-    lines += [
-        "",
-        "GiB per rank  params   grads   optim  buffers  states  micro-tok  accum  act   peak",
-    ]
-    for s in plan["stages"]:
-        g = {k: float(s[k]) / GIB for k in ("params", "grads", "optimizer", "buffers", "total")}
-        fit = (
-            f"{int(s['micro_tokens']):>9,}  {int(s['grad_accum']):>5}  "
-            f"{float(s['activations']) / GIB:5.1f}  {float(s['peak']) / GIB:5.1f}"
-            if s["fits"]
-            else "  does not fit"
-        )
-        mark = " *" if s["stage"] == plan["recommended_stage"] else "  "
-        lines.append(
-            f"ZeRO {s['stage']}{mark}     {g['params']:6.2f}  {g['grads']:6.2f}  "
-            f"{g['optimizer']:6.2f}  {g['buffers']:7.2f}  {g['total']:6.2f}  {fit}"
-        )
-    lines.append("")
-    if plan["recommended_stage"] is None:
-        lines.append("no stage fits: more ranks, more memory, or activation checkpointing")
-        return "\n".join(lines)
-    lines += [
-        f"recommended      ZeRO {plan['recommended_stage']}: {plan['micro_tokens']:,} tokens "
-        f"x {plan['grad_accum']} accumulation x {plan['world']} ranks = "
-        f"{plan['tokens_per_step_per_side']:,} tokens per side per step",
-        f"overrides        {' '.join(plan['overrides'])}",
-        f"FLOPs per step   {plan['flops_per_step']:.3e}",
-        f"step time        {plan['step_s']:.3f} s at {plan['mfu']:.0%} MFU of "
-        f"{plan['peak_tflops']:g} TFLOP/s per rank",
-        f"total            {plan['total_hours']:.1f} h for {plan['max_steps']:,} steps",
-    ]
-    return "\n".join(lines + checkpoint_lines(plan.get("checkpoint")))

@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_preset_overrides_its_base_and_overrides_override_both(tmp_path: Path) -> None:
-    (tmp_path / "parent.yaml").write_text("model:\n  d_model: 64\n  n_heads: 2\noptim:\n  lr: 0.5\n")
+    (tmp_path / "parent.yaml").write_text(
+        "model:\n  d_model: 64\n  n_heads: 2\noptim:\n  lr: 0.5\n"
+    )
     (tmp_path / "child.yaml").write_text("base: parent.yaml\noptim:\n  lr: 0.25\n")
     job = load_config(tmp_path / "child.yaml", ["model.n_heads=4"])
     assert (job.model.d_model, job.model.n_heads, job.optim.lr) == (64, 4, 0.25)
@@ -20,7 +22,7 @@ def test_a_preset_overrides_its_base_and_overrides_override_both(tmp_path: Path)
 
 def test_a_missing_or_circular_base_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text("base: nowhere.yaml\n")
-    with pytest.raises(ConfigError, match="base.*no such file"):
+    with pytest.raises(ConfigError, match=r"base.*no such file"):
         load_config(tmp_path / "a.yaml")
     (tmp_path / "b.yaml").write_text("base: c.yaml\n")
     (tmp_path / "c.yaml").write_text("base: b.yaml\n")

@@ -1,0 +1,242 @@
+"""`paperscale plan`: the arguments checked, the device's speed (measured or assumed), the plan
+made (launch/plan.py) and printed (launch/plan_format.py) with the config's own batch, the time
+to a BLEU (launch/plan_quality.py) and the checkpoint's size (launch/plan_save.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from launch.usage import UsageError
+
+if TYPE_CHECKING:  # imported where used: `plan --help` stays quick
+    from launch.plan_speed import Calibration, Speed
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every numeric argument in range, or a UsageError naming it."""
+    for name, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
+        if value < 1:
+            raise UsageError(f"{name} must be >= 1, got {value}")
+    for name, value in (
+        ("--gpu-mem", args.gpu_mem),
+        ("--peak-tflops", args.peak_tflops),
+        ("--seq-len", args.seq_len),
+        ("--write-gbs", args.write_gbs),
+    ):
+        if value is not None and not value > 0:
+            raise UsageError(f"{name} must be > 0, got {value}")
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        raise UsageError(f"--mfu must be in (0, 1], got {args.mfu}")
+    if not 0 < args.fill <= 1:
+        raise UsageError(f"--fill must be in (0, 1], got {args.fill}")
+    if not 0 <= args.headroom < 1:
+        raise UsageError(f"--headroom must be in [0, 1), got {args.headroom}")
+    if not 0 <= args.batch_tolerance < 1:
+        raise UsageError(f"--batch-tolerance must be in [0, 1), got {args.batch_tolerance}")
+    if args.overhead_ms is not None and not args.overhead_ms >= 0:
+        raise UsageError(f"--overhead-ms must be >= 0, got {args.overhead_ms}")
+
+
+def target_tokens(value: str, job: Any, world: int) -> tuple[int, str]:
+    """--target-tokens: a number, or `config` for data.max_tokens x train.grad_accum x ranks;
+    with where it came from, for the printout."""
+    if value == "config":
+        tokens = job.data.max_tokens * job.train.grad_accum * world
+        how = f"config: {job.data.max_tokens:,} x {job.train.grad_accum} x {world} ranks"
+        return tokens, how
+    try:
+        tokens = int(value)
+    except ValueError:
+        raise UsageError(f"--target-tokens must be a number or 'config', got {value!r}") from None
+    if tokens < 1:
+        raise UsageError(f"--target-tokens must be > 0, got {tokens}")
+    return tokens, ""
+
+
+def plan_gpu(args: argparse.Namespace, precision: str) -> tuple[str, str, float, float]:
+    """(precision, how it was chosen, GiB per rank, peak FLOP/s per rank) for `plan`.
+
+    `--gpu NAME` looks the GPU up in trainer/flops.py's table: its memory, its dense peak at
+    the precision, and for `auto` the precision the trainer would pick on it. Without it, auto
+    assumes a GPU with native bf16 and says so.
+    """
+    from launch.plan import H200_BF16_MEASURED
+    from trainer.flops import gpu_spec
+    from trainer.precision import cuda_precision
+
+    spec = gpu_spec(args.gpu) if args.gpu is not None else None
+    if precision != "auto":
+        how = "set in the config"
+    elif spec is not None:
+        choice = cuda_precision(spec.capability, spec.key)
+        precision, how = choice.precision, f"auto: {choice.reason}"
+    else:
+        precision = "bf16"
+        how = "auto, assumed: a GPU of compute capability >= 8.0 (pass --gpu NAME to check)"
+    gpu_mem = args.gpu_mem if args.gpu_mem is not None else (spec.memory_gib if spec else 80.0)
+    if args.peak_tflops is not None:
+        peak = args.peak_tflops * 1e12
+    elif spec is not None:
+        peak = spec.half if precision in ("bf16", "fp16") else spec.single
+    else:
+        peak = H200_BF16_MEASURED
+    return precision, how, gpu_mem, peak
+
+
+def device_speed(
+    args: argparse.Namespace, job: Any, model: dict[str, int]
+) -> tuple[Speed, str, str, float]:
+    """(speed, precision, how, GiB per rank) of the planned device: the calibration's where it
+    measured that device (and precision), else the table's peak x MFU and an assumed overhead."""
+    from launch.plan_speed import (
+        ASSUMED_MFU,
+        ASSUMED_OVERHEAD_S,
+        assumed_speed,
+        calibration_applies,
+        load_calibration,
+        measured_speed,
+    )
+    from trainer.flops import GPU_SPECS, gpu_spec
+
+    spec = gpu_spec(args.gpu) if args.gpu is not None else None
+    if args.gpu is not None and spec is None:
+        known = ", ".join(s.key for s in GPU_SPECS)
+        raise UsageError(f"--gpu {args.gpu!r} is not in the table; known: {known}")
+    try:
+        cal = load_calibration(args.calibration) if args.calibration else None
+    except ValueError as exc:
+        raise UsageError(f"--calibration {exc}") from None
+    why = calibration_applies(cal, spec.key if spec else None, job.train.precision) if cal else ""
+    if cal is not None and not why:
+        gpu_mem = args.gpu_mem if args.gpu_mem is not None else calibrated_memory(cal, args)
+        how = (
+            f"auto, as the calibration settled it on {cal.device_name}"
+            if job.train.precision == "auto"
+            else "set in the config"
+        )
+        return measured_speed(cal, model), cal.precision, how, gpu_mem
+    precision, how, gpu_mem, peak = plan_gpu(args, job.train.precision)
+    overhead = ASSUMED_OVERHEAD_S if args.overhead_ms is None else args.overhead_ms / 1e3
+    mfu = ASSUMED_MFU if args.mfu is None else args.mfu
+    name = spec.key if spec else "GPU (no --gpu)"
+    return assumed_speed(name, peak, mfu, overhead, why), precision, how, gpu_mem
+
+
+def calibrated_memory(cal: Calibration, args: argparse.Namespace) -> float:
+    """GiB per rank on the calibrated machine: its GPU's memory, or its host memory shared by
+    the node's ranks on a CPU; 80 when the file does not say."""
+    if cal.memory_gib is None:
+        return 80.0
+    return cal.memory_gib / (args.gpus_per_node if cal.device == "cpu" else 1)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print the plan of `args.config` on the machine the arguments describe (or its JSON)."""
+    from launch.config import load_config
+    from launch.plan import Machine, make_plan
+    from launch.plan_format import format_plan
+    from model.config import ModelConfig
+
+    _check_args(args)
+    job = load_config(args.config, args.overrides)
+    vocab = job.model.vocab_size or job.data.vocab_size
+    cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+    shape = {"d_model": cfg.d_model, "d_ff": cfg.d_ff, "vocab_size": vocab}
+    speed, precision, how, gpu_mem = device_speed(args, job, shape)
+    machine = Machine(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        gpu_mem_gib=gpu_mem,
+        headroom=args.headroom,
+        mfu=speed.mfu,
+        peak_flops=speed.peak_flops,
+        overhead_s=speed.overhead_s,
+        overhead_micro_s=speed.overhead_micro_s,
+    )
+    target, target_from = target_tokens(args.target_tokens, job, machine.world)
+    plan = make_plan(
+        cfg,
+        machine,
+        target_tokens=target,
+        max_steps=job.train.max_steps,
+        precision=precision,
+        checkpointing=job.train.activation_checkpointing,
+        seq_len=args.seq_len,
+        compiled=job.train.compile,
+        tolerance=args.batch_tolerance,
+        fill=args.fill,
+    )
+    plan = {"vocab_size": vocab, "gpu": args.gpu, "precision_from": how, **plan}
+    plan.update(target_from=target_from, speed_line=speed.line, speed_measured=speed.measured)
+    if plan["recommended_stage"] is not None:
+        plan["configured"] = configured_batch(cfg, job, machine, plan, args)
+        plan["quality"] = quality_figures(cfg, plan, args.anchor)
+    plan["checkpoint"] = checkpoint_figures(plan, job, machine, precision, args.write_gbs)
+    print(json.dumps(plan, indent=1) if args.json else format_plan(plan))
+    return 0
+
+
+def configured_batch(
+    cfg: Any, job: Any, machine: Any, plan: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The config's own batch (data.max_tokens x train.grad_accum on the planned ranks, at its
+    train.zero_stage): whether it fits and its step time, beside the recommendation."""
+    from launch.plan import step_time
+    from launch.plan_activations import activation_bytes
+
+    stage = plan["stages"][job.train.zero_stage]
+    micro, accum = job.data.max_tokens, job.train.grad_accum
+    peak = float(stage["total"]) + activation_bytes(
+        cfg, micro, plan["precision"], job.train.activation_checkpointing, job.train.compile
+    )
+    tokens = micro * accum * machine.world
+    checkpointing = job.train.activation_checkpointing
+    step = step_time(cfg, machine, tokens, args.seq_len, checkpointing, args.fill, accum)
+    return {
+        "micro_tokens": micro,
+        "grad_accum": accum,
+        "stage": job.train.zero_stage,
+        "tokens": tokens,
+        "peak": peak,
+        "fits": peak <= machine.usable_bytes(),
+        "step_s": step["step_s"],
+    }
+
+
+def quality_figures(cfg: Any, plan: dict[str, Any], anchor_name: str | None) -> dict | None:
+    """Steps and hours to the nearest (or named) anchor's BLEU at the recommended batch."""
+    from launch.plan_quality import pick_anchor, time_to_quality
+
+    tokens = int(plan["tokens_per_step_per_side"])
+    try:
+        anchor = pick_anchor(cfg, tokens, anchor_name)
+    except ValueError as exc:
+        raise UsageError(f"--anchor: {exc}") from None
+    if anchor is None:
+        return None
+    return time_to_quality(anchor, tokens, float(plan["step_s"]), cfg.pre_norm)
+
+
+def checkpoint_figures(
+    plan: dict[str, Any], job: Any, machine: Any, precision: str, write_gbs: float
+) -> dict[str, Any]:
+    """Size and save time of one checkpoint of the planned job (its recommended ZeRO stage,
+    else the config's), and whether the save fits train.stop_grace_s."""
+    from launch.plan_save import fits_grace, save_plan
+
+    stage = plan["recommended_stage"]
+    stage = job.train.zero_stage if stage is None else stage
+    n_params = int(plan["params"]["total"])
+    save = save_plan(n_params, stage, machine.world, machine.gpus_per_node, precision, write_gbs)
+    return {
+        "stage": stage,
+        "total_gb": save.total_bytes / 1e9,
+        "bytes_per_param": save.total_bytes / n_params,
+        "busiest_node_gb": save.node_bytes / 1e9,
+        "write_gbs": write_gbs,
+        "save_s": save.seconds,
+        "grace_s": job.train.stop_grace_s,
+        "fits_grace": fits_grace(save.seconds, job.train.stop_grace_s),
+    }

@@ -1,0 +1,108 @@
+"""The table `paperscale plan` prints: memory per ZeRO stage, the recommended batch, where the
+speed comes from, the step time, the config's own batch, the time to a BLEU and the checkpoint.
+"""
+
+from __future__ import annotations
+
+from launch.plan import GIB
+from launch.plan_quality import duration, quality_lines
+from launch.plan_save import checkpoint_lines
+from launch.plan_speed import format_rate
+
+
+def _head_lines(plan: dict) -> list[str]:
+    """Parameters, ranks, target and precision."""
+    p = plan["params"]
+    lines = [
+        f"parameters       {p['total']:,} (embeddings {p['embeddings']:,}, encoder "
+        f"{p['encoder']:,}, decoder {p['decoder']:,})",
+        f"ranks            {plan['world']} x {plan['gpu_mem_gib']:.4g} GiB "
+        f"({plan['usable_gib']:.1f} GiB usable per rank), {plan['precision']}, "
+        f"activation checkpointing {'on' if plan['activation_checkpointing'] else 'off'}, "
+        f"loss {'fused by torch.compile' if plan.get('compiled') else 'chunked'}",
+        f"target           {plan['target_tokens_per_side']:,} tokens per side per step"
+        + (f" ({plan['target_from']})" if plan.get("target_from") else ""),
+    ]
+    if plan.get("precision_from"):
+        lines.append(f"precision        {plan['precision']} ({plan['precision_from']})")
+    return lines
+
+
+def _stage_lines(plan: dict) -> list[str]:
+    """One row per ZeRO stage."""
+    lines = ["GiB per rank  params   grads   optim  buffers  states  micro-tok  accum  act   peak"]
+    for s in plan["stages"]:
+        g = {k: float(s[k]) / GIB for k in ("params", "grads", "optimizer", "buffers", "total")}
+        fit = (
+            f"{int(s['micro_tokens']):>9,}  {int(s['grad_accum']):>5}  "
+            f"{float(s['activations']) / GIB:5.1f}  {float(s['peak']) / GIB:5.1f}"
+            if s["fits"]
+            else "  does not fit"
+        )
+        mark = " *" if s["stage"] == plan["recommended_stage"] else "  "
+        lines.append(
+            f"ZeRO {s['stage']}{mark}     {g['params']:6.2f}  {g['grads']:6.2f}  "
+            f"{g['optimizer']:6.2f}  {g['buffers']:7.2f}  {g['total']:6.2f}  {fit}"
+        )
+    return lines
+
+
+def _batch_lines(plan: dict) -> list[str]:
+    """The recommended batch and why its micro-batch is that size."""
+    micro, fit = int(plan["micro_tokens"]), int(plan["max_micro_tokens"])
+    ratio = plan["tokens_per_step_per_side"] / plan["target_tokens_per_side"]
+    if micro == fit:
+        why = "the largest that fits"
+    elif plan["grad_accum"] == 1:
+        why = f"one step's share per rank ({fit:,} would fit)"
+    else:
+        why = (
+            f"shrunk from the {fit:,} that fit: their step would miss the target by more "
+            f"than {plan['batch_tolerance']:.0%} (--batch-tolerance)"
+        )
+    return [
+        f"recommended      ZeRO {plan['recommended_stage']}: {micro:,} tokens x "
+        f"{plan['grad_accum']} accumulation x {plan['world']} ranks = "
+        f"{plan['tokens_per_step_per_side']:,} tokens per side per step ({ratio:.2f} x target)",
+        f"micro-batch      {why}",
+        f"overrides        {' '.join(plan['overrides'])}",
+    ]
+
+
+def _time_lines(plan: dict) -> list[str]:
+    """Speed source, FLOPs, step time, the config's own batch, time to BLEU and max_steps."""
+    lines = []
+    if plan.get("speed_line"):
+        lines.append(f"speed            {plan['speed_line']}")
+    full = f", micro-batches {plan['fill']:.0%} full (--fill)" if plan["fill"] != 1 else ""
+    lines += [
+        f"FLOPs per step   {plan['flops_per_step']:.3e}",
+        f"step time        {plan['step_s']:.3f} s = {plan['compute_s']:.3f} s of compute at "
+        f"{plan['mfu']:.0%} MFU of {format_rate(plan['peak_tflops'] * 1e12)} per rank + "
+        f"{plan['overhead_s'] * 1e3:.1f} ms of overheads{full}",
+    ]
+    c = plan.get("configured")
+    if c:
+        fits = "fits" if c["fits"] else "does NOT fit"
+        lines.append(
+            f"as configured    {c['micro_tokens']:,} x {c['grad_accum']} x {plan['world']} ranks "
+            f"= {c['tokens']:,} tokens per side at ZeRO {c['stage']} ({fits}, peak "
+            f"{c['peak'] / GIB:.1f} GiB): step {c['step_s']:.3f} s"
+        )
+    if "quality" in plan:
+        lines += quality_lines(plan["quality"], int(plan["tokens_per_step_per_side"]))
+    total = duration(plan["total_hours"])
+    lines.append(f"max_steps        {total} for train.max_steps={plan['max_steps']:,}")
+    return lines
+
+
+def format_plan(plan: dict) -> str:
+    """The human table."""
+    lines = [*_head_lines(plan), "", *_stage_lines(plan), ""]
+    if plan["recommended_stage"] is None:
+        lines.append("no stage fits: more ranks, more memory, or activation checkpointing")
+        if plan.get("speed_line"):
+            lines.append(f"speed            {plan['speed_line']}")
+        return "\n".join(lines)
+    lines += [*_batch_lines(plan), *_time_lines(plan)]
+    return "\n".join(lines + checkpoint_lines(plan.get("checkpoint")))

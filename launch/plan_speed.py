@@ -1,0 +1,168 @@
+"""How fast a rank computes a training step, for `paperscale plan`: measured on this machine (a
+calibration file written by `python -m bench.plan_calibration --out FILE`) or assumed for a
+device that was not measured.
+
+The step time model:
+
+    step_s = FLOPs the step's micro-batches compute / (ranks x rate)
+             + overhead_s + accum x overhead_micro_s
+
+where `rate` is one rank's effective rate on the model's matmuls (peak x MFU) and the overheads
+the time that does not grow with the tokens: per optimizer step (the optimizer, the gradient
+reduction) and per micro-batch (kernel launches, elementwise work, the loss's (V, d) projection
+gradient). The calibration measures all three on the machine at hand from steps of one and two
+micro-batches of several sizes (bench/plan_calibration.py); one process, so without the
+gradient reduction between ranks.
+
+For a GPU nobody measured here the rate is its peak (trainer/flops.py's table, or
+`--peak-tflops`) x `--mfu`, and the overhead ASSUMED_OVERHEAD_S per step (none per micro-batch)
+unless `--overhead-ms` says otherwise: about 1,200 kernels of one big-model micro-batch at ~5 us
+of launch each (6 ms, hidden only where kernels are long), the fused Adam pass over the fp32
+states (~2 ms on HBM3) and an unoverlapped share of the gradient all-reduce (~2 ms over NVLink).
+An estimate, not a measurement; the plan says so in its output. Checked against MLPerf v0.7's
+DGX A100 log (launch/plan_quality.py): at A100's datasheet peak, MFU 0.4 and this overhead the
+plan gives 0.153 s per step of 110,592 tokens (0.140 s with `--fill 0.91`, the share of the
+budget its batches held), where the log shows 0.130 s (472 s for 3,632 steps, with evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ASSUMED_MFU = 0.4
+ASSUMED_OVERHEAD_S = 0.010
+CALIBRATION_FORMAT = 1  # bumped when the file's meaning changes
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What bench/plan_calibration.py measured on one machine (one rank's process)."""
+
+    path: str
+    device: str  # cpu | cuda
+    device_name: str
+    gpu_key: str | None  # trainer/flops.py's table entry for a CUDA device, else None
+    precision: str
+    threads: int
+    flops_per_s: float  # effective training FLOP/s of one rank (trainer/flops.py's count)
+    overhead_s: float  # per optimizer step
+    overhead_micro_s: float  # per micro-batch (the rest of the intercept)
+    peak_flops: float | None  # the device's matmul peak at the precision, when known
+    model: dict[str, int]  # the shapes it measured (the rate depends on them)
+    memory_gib: float | None  # the GPU's memory, or the host's for a CPU (shared by its ranks)
+
+
+def _number(raw: dict[str, Any], key: str, minimum: float, path: str) -> float:
+    """raw[key] as a finite float >= minimum, else ValueError naming the file and key."""
+    value = raw.get(key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < minimum:
+        raise ValueError(f"{path}: {key} must be a number >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read and check a calibration file; ValueError (one line) when it is not one."""
+    name = str(path)
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{name}: cannot read a calibration: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("format") != CALIBRATION_FORMAT:
+        raise ValueError(
+            f"{name}: not a calibration of format {CALIBRATION_FORMAT} "
+            "(python -m bench.plan_calibration --out FILE writes one)"
+        )
+    if raw.get("device") not in ("cpu", "cuda") or raw.get("precision") not in (
+        "bf16",
+        "fp16",
+        "fp32",
+    ):
+        raise ValueError(f"{name}: device must be cpu or cuda and precision bf16, fp16 or fp32")
+    peak = raw.get("peak_flops")
+    return Calibration(
+        path=name,
+        device=raw["device"],
+        device_name=str(raw.get("device_name") or raw["device"]),
+        gpu_key=raw.get("gpu_key") or None,
+        precision=raw["precision"],
+        threads=int(_number(raw, "threads", 1, name)),
+        flops_per_s=_number(raw, "flops_per_s", 1.0, name),
+        overhead_s=_number(raw, "overhead_s", 0.0, name),
+        overhead_micro_s=_number(raw, "overhead_micro_s", 0.0, name)
+        if raw.get("overhead_micro_s") is not None
+        else 0.0,
+        peak_flops=_number(raw, "peak_flops", 1.0, name) if peak is not None else None,
+        model={k: int(v) for k, v in dict(raw.get("model") or {}).items()},
+        memory_gib=_number(raw, "memory_gib", 0.0, name) if raw.get("memory_gib") else None,
+    )
+
+
+@dataclass(frozen=True)
+class Speed:
+    """One rank's speed as the plan uses it, and the one line that says where it is from."""
+
+    name: str
+    measured: bool
+    peak_flops: float
+    mfu: float
+    overhead_s: float
+    overhead_micro_s: float
+    line: str
+
+    @property
+    def rate(self) -> float:
+        """Effective FLOP/s of one rank."""
+        return self.peak_flops * self.mfu
+
+
+def format_rate(flops_per_s: float) -> str:
+    """'395.6 TFLOP/s' or '41.2 GFLOP/s'."""
+    if flops_per_s >= 1e12:
+        return f"{flops_per_s / 1e12:,.1f} TFLOP/s"
+    return f"{flops_per_s / 1e9:,.1f} GFLOP/s"
+
+
+def measured_speed(cal: Calibration, model: dict[str, int] | None = None) -> Speed:
+    """The calibration's rate and overheads; notes a model other than the one it measured."""
+    peak = cal.peak_flops or cal.flops_per_s
+    share = f" ({cal.flops_per_s / peak:.0%} of its {format_rate(peak)} matmul peak)"
+    line = (
+        f"{cal.device_name}: measured here ({cal.path}): {format_rate(cal.flops_per_s)} per "
+        f"rank{share if cal.peak_flops else ''}, overhead {cal.overhead_s * 1e3:.1f} ms per "
+        f"step + {cal.overhead_micro_s * 1e3:.1f} ms per micro-batch, {cal.precision}, "
+        f"{cal.threads} thread{'s' if cal.threads > 1 else ''} per rank"
+    )
+    if model is not None and cal.model and any(cal.model.get(k) != v for k, v in model.items()):
+        line += f" (measured on d_model {cal.model.get('d_model')}: the rate depends on shapes)"
+    rate, overheads = cal.flops_per_s, (cal.overhead_s, cal.overhead_micro_s)
+    return Speed(cal.device_name, True, peak, rate / peak, *overheads, line)
+
+
+def assumed_speed(
+    name: str, peak_flops: float, mfu: float, overhead_s: float, why: str = ""
+) -> Speed:
+    """A device not measured here: its peak x MFU and an assumed overhead, said in one line."""
+    line = (
+        f"{name}: not measured here; assumed peak {peak_flops / 1e12:g} TFLOP/s, MFU {mfu:.2f}, "
+        f"overhead {overhead_s * 1e3:g} ms per step" + (f" ({why})" if why else "")
+    )
+    return Speed(name, False, peak_flops, mfu, overhead_s, 0.0, line)
+
+
+def calibration_applies(cal: Calibration, gpu_key: str | None, precision: str) -> str:
+    """Why `cal` does not describe the planned device and precision ('' when it does).
+
+    Without --gpu the plan is for the machine at hand, which the calibration measured; with
+    --gpu NAME only a calibration taken on that GPU model counts. `precision` is the config's
+    train.precision (auto takes the calibration's).
+    """
+    if gpu_key is not None and cal.gpu_key != gpu_key:
+        return f"the calibration {cal.path} is for {cal.device_name}"
+    if precision not in ("auto", cal.precision):
+        return f"the calibration {cal.path} measured {cal.precision}, not {precision}"
+    return ""

@@ -1,0 +1,164 @@
+"""The step-time calibration: bench/plan_calibration.py at its smoke size writes a calibration
+file that `paperscale plan --calibration FILE` reads, and the plan's step time for the config's
+own batch is the bench's model of it, figure for figure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.common import SMOKE_MODEL, check_rows
+from launch.plan_speed import CALIBRATION_FORMAT, load_calibration
+
+ROOT = Path(__file__).resolve().parents[2]
+# the smoke run's model and batch (bench/plan_calibration.py --smoke), for the plan to match
+SMOKE = [*SMOKE_MODEL, "data.max_tokens=256"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, list[dict]]:
+    """(calibration path, its contents, the bench's rows) of one smoke run."""
+    out = tmp_path_factory.mktemp("calibration")
+    cal, rows = out / "cal.json", out / "rows.json"
+    command = [sys.executable, "-m", "bench.plan_calibration", "--smoke", "--out", str(cal)]
+    proc = subprocess.run(
+        [*command, "--json", str(rows)],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the model says" in proc.stdout and "calibration" in proc.stdout
+    return cal, json.loads(cal.read_text()), json.loads(rows.read_text())
+
+
+def test_smoke_run_writes_a_calibration(smoke: tuple[Path, dict, list[dict]]) -> None:
+    path, cal, rows = smoke
+    assert cal["format"] == CALIBRATION_FORMAT and cal["device"] == "cpu"
+    assert cal["precision"] in ("bf16", "fp32") and cal["threads"] == 1 and cal["clock"] == "cpu"
+    assert cal["flops_per_s"] > 0 and cal["overhead_s"] >= 0 and cal["overhead_micro_s"] >= 0
+    assert cal["model"] == {"d_model": 32, "d_ff": 64, "vocab_size": 8000}
+    assert [(p["micro_tokens"], p["grad_accum"]) for p in cal["points"]] == [
+        (64, 1),
+        (256, 1),
+        (64, 2),
+    ]
+    assert all(p["step_s"] > 0 for p in cal["points"])
+    check = cal["check"]
+    assert (check["micro_tokens"], check["grad_accum"]) == (256, 2)  # tiny's accumulation
+    assert check["step_s"] > 0 and check["error"] == pytest.approx(
+        check["predicted_s"] / check["step_s"] - 1
+    )
+    assert cal["peak_flops"] > 0 and cal["mfu"] == pytest.approx(
+        cal["flops_per_s"] / cal["peak_flops"]
+    )
+    figures = {r["figure"] for r in check_rows(rows)}
+    assert {"effective rate per rank", "overhead per step", "overhead per micro-batch"} <= figures
+    loaded = load_calibration(path)
+    assert loaded.flops_per_s == cal["flops_per_s"] and loaded.gpu_key is None
+
+
+def test_the_step_model_fit_recovers_its_terms_and_keeps_them_non_negative() -> None:
+    from bench.plan_calibration import fit_step_model
+
+    def exact(t: int, a: int) -> float:
+        return 0.030 + a * 0.010 + a * t * 2e-4
+
+    points = [(t, a, exact(t, a)) for t, a in ((256, 1), (512, 1), (1024, 1), (256, 2))]
+    assert fit_step_model(points) == pytest.approx((0.030, 0.010, 2e-4))
+    # a second micro-batch that costs less than nothing is noise: that term is dropped
+    noisy = [(256, 1, 0.1), (1024, 1, 0.4), (256, 2, 0.18)]
+    per_step, per_micro, per_token = fit_step_model(noisy)
+    assert per_step >= 0 and per_micro >= 0 and per_token > 0
+    assert per_step + 2 * per_micro + 512 * per_token == pytest.approx(0.18, rel=0.2)
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "launch.cli", "plan", "--config", "configs/tiny.yaml", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_plan_predicts_with_the_calibration(smoke: tuple[Path, dict, list[dict]]) -> None:
+    """Two CPU ranks of the smoke model: the plan's step for the config's own batch (256 x 2
+    per rank) is the bench's prediction for it, and the speed line says it was measured."""
+    path, cal, _ = smoke
+    args = ["--gpus-per-node", "2", "--calibration", str(path), "--seq-len", "16", *SMOKE]
+    proc = _plan(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["speed_measured"] is True and plan["precision"] == cal["precision"]
+    assert plan["configured"]["step_s"] == pytest.approx(cal["check"]["predicted_s"], rel=1e-9)
+    assert plan["overhead_s"] == pytest.approx(
+        cal["overhead_s"] + plan["grad_accum"] * cal["overhead_micro_s"]
+    )
+    table = _plan(*args).stdout
+    assert f"speed            {cal['device_name']}: measured here ({path})" in table
+    assert "as configured    256 x 2 x 2 ranks = 1,024 tokens per side" in table
+
+
+def test_a_gpu_the_calibration_did_not_measure_is_assumed(
+    smoke: tuple[Path, dict, list[dict]],
+) -> None:
+    path, cal, _ = smoke
+    proc = _plan("--gpu", "h200", "--calibration", str(path))
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("speed"))
+    assert "H200: not measured here; assumed peak 989 TFLOP/s, MFU 0.40" in line
+    assert f"the calibration {path} is for {cal['device_name']}" in line
+    explicit = _plan("--calibration", str(path), "train.precision=fp16", "--json")
+    assert json.loads(explicit.stdout)["speed_measured"] is False  # it measured another precision
+
+
+@pytest.mark.parametrize("content", ["{}", "not json", '{"format": 1, "device": "tpu"}'])
+def test_a_bad_calibration_is_one_line(tmp_path: Path, content: str) -> None:
+    bad = tmp_path / "cal.json"
+    bad.write_text(content)
+    proc = _plan("--calibration", str(bad))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--calibration" in proc.stderr
+
+
+def test_a_gpu_calibration_counts_for_that_gpu_only(tmp_path: Path) -> None:
+    """A calibration taken on an H200 (the file the bench writes there) sets the rate, the
+    overheads and the memory of `--gpu h200`; an A100 plan stays assumed."""
+    cal = {
+        "format": CALIBRATION_FORMAT, "device": "cuda", "device_name": "NVIDIA H200",
+        "gpu_key": "H200", "precision": "bf16", "threads": 1, "flops_per_s": 4.0e14,
+        "overhead_s": 0.008, "overhead_micro_s": 0.002, "peak_flops": 989e12,
+        "memory_gib": 139.8, "model": {"d_model": 1024, "d_ff": 4096, "vocab_size": 37000},
+    }  # fmt: skip
+    path = tmp_path / "h200.json"
+    path.write_text(json.dumps(cal))
+    big = ["--config", "configs/big.yaml", "--calibration", str(path), "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "plan", "--gpu", "h200", *big],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    plan = json.loads(proc.stdout)
+    assert plan["speed_measured"] is True and plan["gpu_mem_gib"] == 139.8
+    assert plan["compute_s"] == pytest.approx(plan["flops_per_step"] / (8 * 4.0e14))
+    assert plan["step_s"] == pytest.approx(plan["compute_s"] + 0.008 + 0.002 * plan["grad_accum"])
+    assert plan["speed_line"].startswith(f"NVIDIA H200: measured here ({path}): 400.0 TFLOP/s")
+    other = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "plan", "--gpu", "a100", *big],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(other.stdout)["speed_measured"] is False

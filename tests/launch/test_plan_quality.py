@@ -1,0 +1,125 @@
+"""Time to a target quality: the anchors' token budgets, the anchor `plan` picks, steps and
+hours at the planned step, the step time with its overhead, and the lines `plan` prints."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.plan import Machine, make_plan, step_time
+from launch.plan_quality import ANCHORS, Anchor, model_kind, pick_anchor, time_to_quality
+from model.config import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+BIG = ModelConfig(vocab_size=37000, d_model=1024, n_heads=16, d_ff=4096)
+BASE = ModelConfig(vocab_size=37000)
+TINY = ModelConfig(vocab_size=8000, d_model=256, n_heads=4, d_ff=1024, encoder_layers=3)
+ANCHOR = {a.name: a for a in ANCHORS}
+
+
+def test_anchor_budgets() -> None:
+    assert ANCHOR["paper-base"].tokens == 100_000 * 25_000
+    assert ANCHOR["paper-big"].tokens == 300_000 * 25_000
+    assert ANCHOR["mlperf-v0.7"].tokens == 3_632 * 8 * 13_824
+    assert ANCHOR["fairseq-scaling"].tokens == 24_000 * 8 * 3_584 * 16
+    assert {a.bleu for a in ANCHORS} == {27.3, 28.4, 25.0, 29.3}
+
+
+def test_the_anchor_nearest_the_planned_step_is_picked() -> None:
+    assert model_kind(BIG) == "big" and model_kind(BASE) == "base" and model_kind(TINY) is None
+    assert pick_anchor(BIG, 25_000).name == "paper-big"
+    assert pick_anchor(BIG, 32_768).name == "paper-big"
+    assert pick_anchor(BIG, 110_592).name == "mlperf-v0.7"
+    assert pick_anchor(BIG, 458_752).name == "fairseq-scaling"
+    assert pick_anchor(BIG, 2_000_000).name == "fairseq-scaling"
+    assert pick_anchor(BASE, 458_752).name == "paper-base"
+    assert pick_anchor(TINY, 6144) is None
+    assert pick_anchor(BIG, 25_000, "fairseq-scaling").name == "fairseq-scaling"
+    with pytest.raises(ValueError, match="big model"):
+        pick_anchor(BASE, 25_000, "mlperf-v0.7")
+    with pytest.raises(ValueError, match="no anchor"):
+        pick_anchor(BIG, 25_000, "nonesuch")
+
+
+@pytest.mark.parametrize("anchor", ANCHORS, ids=lambda a: a.name)
+@pytest.mark.parametrize("scale", [0.5, 1.0, 3.0])
+def test_steps_are_the_anchors_tokens_over_the_step(anchor: Anchor, scale: float) -> None:
+    step_tokens = int(anchor.batch_tokens * scale)
+    q = time_to_quality(anchor, step_tokens, step_s=0.5, pre_norm=False)
+    assert q["steps"] == math.ceil(anchor.tokens / step_tokens)
+    assert q["hours"] == pytest.approx(q["steps"] * 0.5 / 3600)
+    if scale == 1.0:
+        assert q["steps"] == anchor.steps
+
+
+def test_step_time_adds_the_overheads_per_step_and_per_micro_batch() -> None:
+    m = Machine(gpus_per_node=8, mfu=0.5, peak_flops=1e15, overhead_s=0.01, overhead_micro_s=0.002)
+    one = step_time(BIG, m, 458_752, 32, accum=1)
+    four = step_time(BIG, m, 458_752, 32, accum=4)
+    assert one["compute_s"] == pytest.approx(one["flops"] / (8 * 1e15 * 0.5))
+    assert one["step_s"] == pytest.approx(one["compute_s"] + 0.012)
+    assert four["step_s"] - one["step_s"] == pytest.approx(3 * 0.002)
+    assert step_time(BIG, m, 458_752, 32, fill=0.5)["compute_s"] == pytest.approx(
+        one["compute_s"] / 2
+    )
+    plan = make_plan(BIG, m, target_tokens=458_752)
+    assert plan["step_s"] == pytest.approx(plan["compute_s"] + 0.01 + plan["grad_accum"] * 0.002)
+
+
+def _plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "launch.cli", "plan", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_cli_prints_the_time_to_bleu_and_its_reasoning() -> None:
+    args = ("--config", "configs/big_8gpu.yaml", "--gpu", "h200", "--target-tokens", "config")
+    proc = _plan_cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "target           458,752 tokens per side per step (config: 14,336 x 4 x 8 ranks)" in out
+    assert "H200: not measured here; assumed peak 989 TFLOP/s, MFU 0.40, overhead 10 ms" in out
+    assert "time to BLEU     29.3 (fairseq-scaling: Ott et al. 2018" in out
+    assert "/ 458,752 per step = 24,000 steps ->" in out
+    assert "as configured    14,336 x 4 x 8 ranks = 458,752 tokens per side at ZeRO 1 (fits" in out
+    plan = json.loads(_plan_cli(*args, "--json").stdout)
+    assert plan["quality"]["steps"] == 24_000 and plan["speed_measured"] is False
+    assert plan["quality"]["hours"] == pytest.approx(24_000 * plan["step_s"] / 3600)
+    assert plan["step_s"] == pytest.approx(plan["compute_s"] + 0.010)
+    assert plan["micro_tokens"] == 57_344 and plan["grad_accum"] == 1  # 141 GiB hold the share
+
+
+def test_cli_paper_batch_uses_the_papers_anchor_and_other_anchors_on_request() -> None:
+    plan = json.loads(_plan_cli("--config", "configs/big.yaml", "--gpu", "h100", "--json").stdout)
+    tokens = plan["tokens_per_step_per_side"]
+    assert plan["quality"]["anchor"] == "paper-big"
+    assert plan["quality"]["steps"] == math.ceil(300_000 * 25_000 / tokens)
+    named = _plan_cli("--config", "configs/big.yaml", "--anchor", "mlperf-v0.7", "--json")
+    assert json.loads(named.stdout)["quality"]["anchor"] == "mlperf-v0.7"
+    tiny = _plan_cli("--config", "configs/tiny.yaml", "--gpus-per-node", "2")
+    assert "time to BLEU     no anchor for this model" in tiny.stdout
+
+
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        (["--anchor", "paper-base"], "--anchor"),
+        (["--target-tokens", "lots"], "--target-tokens"),
+        (["--fill", "0"], "--fill"),
+        (["--overhead-ms", "-1"], "--overhead-ms"),
+        (["--batch-tolerance", "1"], "--batch-tolerance"),
+    ],
+)
+def test_cli_bad_args_exit_2_one_line(bad: list[str], needle: str) -> None:
+    proc = _plan_cli("--config", "configs/big.yaml", *bad)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
