@@ -301,7 +301,7 @@ REGISTRY: tuple[Bench, ...] = (
             "--data",
             DEMO_DATA,
             "--minutes",
-            "6",
+            "12",
             "--work",
             "{work}",
             "--json",

@@ -145,6 +145,8 @@ class ConsoleSink:
         if self.bar is None:
             print(_plain_line(step, values), file=self.stream, flush=True)
             return
+        if "horizon" in values:  # a budget fixed the run's last step (trainer/budget.py)
+            self.bar.total = int(values["horizon"])
         self.bar.update(step - self.bar.n)
         shown = {k: _fmt(values[k]) for k in self.BAR_KEYS if k in values}
         if shown:

@@ -152,6 +152,15 @@ def test_console_progress_bar_with_eta_on_a_terminal() -> None:
     assert "step 4 " not in text
 
 
+def test_console_bar_takes_a_budgets_horizon_as_its_total() -> None:
+    out = FakeTerminal()
+    sink = ConsoleSink(out, total_steps=1_000_000)
+    sink.write(23, {"valid_loss": 7.9, "horizon": 1073.0})
+    sink.write(40, {"loss": 7.6})
+    sink.close()
+    assert "40/1073" in out.getvalue()
+
+
 def test_tensorboard_values_read_back_and_resume_purges(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
