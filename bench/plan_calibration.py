@@ -42,7 +42,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -56,6 +55,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
+from bench.suite import cpu_model
 from data_pipeline.batching import Batch
 from launch.config import load_config
 from launch.plan_speed import CALIBRATION_FORMAT
@@ -182,18 +182,7 @@ def device_facts(
         }
     peak = cpu_matmul_peak(DTYPES[precision], cfg, rows, clock)
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    return {"device_name": cpu_name(), "gpu_key": None, "peak_flops": peak, "memory_gib": pages}
-
-
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, else the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "CPU"
+    return {"device_name": cpu_model(), "gpu_key": None, "peak_flops": peak, "memory_gib": pages}
 
 
 def parse_args() -> argparse.Namespace:

@@ -337,7 +337,7 @@ REGISTRY: tuple[Bench, ...] = (
             "--data",
             DEMO_DATA,
             "--steps",
-            "200",
+            "150",
             "--work",
             "{work}",
             "--json",

@@ -1,9 +1,9 @@
 """Quality per minute: `paperscale train` runs side by side on the same data and machine.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.time_to_quality --study schedules \\
-        --work /tmp/bench-ttq --data data/debian-ende [--minutes 6] [--smoke] [--json PATH]
+        --work /tmp/bench-ttq --data data/debian-ende [--minutes 12] [--smoke] [--json PATH]
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.time_to_quality --study batch \\
-        --work /tmp/bench-ttq --data data/debian-ende [--steps 240] [--smoke] [--json PATH]
+        --work /tmp/bench-ttq --data data/debian-ende [--steps 150] [--smoke] [--json PATH]
 
 `schedules`: the same training minutes (train.budget_minutes) with the budget's linear decay
 to zero against the paper's inverse square root, each ended by the budget at the same horizon
@@ -73,12 +73,12 @@ def schedules(args: argparse.Namespace, data: Path) -> list[Any]:
 
 
 def to_target(records: list[dict], target: float) -> tuple[int, float] | None:
-    """(step, training seconds) of the first evaluation at or below `target` nll."""
-    seconds, last_time = 0.0, None
+    """(step, training seconds) of the first evaluation at or below `target` nll; a logged
+    step's training seconds are its tokens over its tokens/s (evaluations left out)."""
+    seconds = 0.0
     for r in records:
-        if "loss" in r and "tgt_tokens_per_step" in r:  # every step is logged
-            seconds += r["time"] - last_time if last_time is not None else 0.0
-            last_time = r["time"]
+        if "tgt_tokens_per_s" in r:  # every step is logged
+            seconds += r["tgt_tokens_per_step"] / r["tgt_tokens_per_s"]
         if "valid_ppl" in r and nll(r) <= target:
             return r["step"], seconds
     return None
@@ -115,8 +115,8 @@ def main() -> None:
     parser.add_argument("--work", required=True)
     parser.add_argument("--data", help="a prepared data dir (default: a synthetic corpus)")
     parser.add_argument("--config", default="configs/demo.yaml")
-    parser.add_argument("--minutes", type=float, default=6.0)
-    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--minutes", type=float, default=12.0)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--lr", type=float, default=2e-3)
