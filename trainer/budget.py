@@ -104,16 +104,25 @@ def plan_horizon(step: int, left_s: float, costs: Costs, cadence: Cadence, max_s
 class BudgetClock:
     """This rank's view of the budget: time spent (carried over from the checkpoint plus this
     attempt's), and the step-time measurement window, which leaves out the seconds spent
-    outside steps (evaluations, saves)."""
+    outside steps (evaluations, saves).
 
-    def __init__(self, budget_minutes: float, calibration_steps: int) -> None:
+    The window opens once half of `calibration_fraction` of the budget is spent (and
+    SKIP_STEPS steps are done) and may close once all of it is, after `calibration_steps`
+    steps at least: the first seconds of a run can be faster than the rest (a CPU's boost
+    clock, a loader's full queues) and would make the horizon too far."""
+
+    def __init__(
+        self, budget_minutes: float, calibration_steps: int, calibration_fraction: float = 0.0
+    ) -> None:
         self.budget_s = 60.0 * budget_minutes
         self.calibration_steps = calibration_steps
+        self.fraction = calibration_fraction
         self.attempt_start = time.monotonic()
         self.carried_s = 0.0
-        self.window_start = SKIP_STEPS
+        self.first_step = SKIP_STEPS  # the earliest step the window can open after
         self.outside_s = 0.0  # evaluations and saves since the attempt started
-        self.mark: tuple[float, float] | None = None  # (clock, outside_s) at window_start
+        # (step, clock, outside_s) where the window opened
+        self.mark: tuple[int, float, float] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -122,7 +131,7 @@ class BudgetClock:
     def start(self, start_step: int, carried_s: float) -> None:
         """The attempt starts at `start_step`, after `carried_s` spent by the attempts before
         (what the checkpoint it resumed from had spent)."""
-        self.window_start = start_step + SKIP_STEPS
+        self.first_step = start_step + SKIP_STEPS
         self.carried_s = carried_s
 
     def spent_s(self) -> float:
@@ -142,19 +151,26 @@ class BudgetClock:
             self.outside_s += time.monotonic() - t0
 
     def after_step(self, step: int) -> None:
-        if step == self.window_start:
-            self.mark = (time.monotonic(), self.outside_s)
+        """Open the window after `step` when it is time."""
+        opens = self.spent_s() >= 0.5 * self.fraction * self.budget_s
+        if self.enabled and self.mark is None and step >= self.first_step and opens:
+            self.mark = (step, time.monotonic(), self.outside_s)
 
-    def due(self, step: int, horizon: Horizon) -> bool:
-        """Whether `step` is where this attempt fixes the horizon."""
-        end = self.window_start + self.calibration_steps
-        return self.enabled and horizon.total_steps == 0 and step == end
+    def ready(self, step: int, horizon: Horizon) -> bool:
+        """Whether the horizon is to be fixed after `step` (the step about to run); rank 0
+        decides and the step's collective tells every rank."""
+        if not self.enabled or horizon.total_steps or self.mark is None:
+            return False
+        measured = step - self.mark[0] >= self.calibration_steps
+        return measured and self.spent_s() >= self.fraction * self.budget_s
 
     def measured_step_s(self, step: int) -> float:
-        """Seconds per step over the window ending at `step` (evaluations and saves left out)."""
-        assert self.mark is not None, "the window starts before calibration"
-        clock, outside = self.mark
-        return (time.monotonic() - clock - (self.outside_s - outside)) / (step - self.window_start)
+        """Seconds per step over the window ending at `step` (evaluations and saves left out);
+        0 on a rank whose window has not opened (rank 0's decides)."""
+        if self.mark is None or step <= self.mark[0]:
+            return 0.0
+        first, clock, outside = self.mark
+        return (time.monotonic() - clock - (self.outside_s - outside)) / (step - first)
 
 
 def decay_start(warmup_steps: int, step: int) -> int:
@@ -202,7 +218,9 @@ class Budget:
         self, train: TrainConfig, warmup_steps: int, state: TrainState, env: DistEnv
     ) -> None:
         self.cfg, self.warmup_steps, self.state, self.env = train, warmup_steps, state, env
-        self.clock = BudgetClock(train.budget_minutes, train.budget_calibration_steps)
+        self.clock = BudgetClock(
+            train.budget_minutes, train.budget_calibration_steps, train.budget_calibration_fraction
+        )
         self.spent = False  # the budget and its overrun allowance ran out before the horizon
 
     @property
@@ -225,19 +243,27 @@ class Budget:
     def over(self) -> bool:
         return self.clock.over()
 
+    def flags(self, step: int) -> list[bool]:
+        """Rank 0's clock, for the collective of `step` (the step about to run): the budget
+        is spent; the horizon is to be fixed after this step. Other ranks say no."""
+        if not self.env.is_main:
+            return [False, False]
+        return [self.clock.over(), self.clock.ready(step, self.state.horizon)]
+
     def before_save(self) -> None:
         self.state.budget_spent_s = self.clock.spent_s()  # in the checkpoint: rank 0's
 
     def after_step(
-        self, step: int, over: bool, probe: Probe, save_s: float, lr: float
+        self, step: int, flags: list[bool], probe: Probe, save_s: float, lr: float
     ) -> dict[str, float]:
-        """Measure; fix the horizon when due (returns the probe's validation metrics and the
-        horizon, for the step's record); or end the run once the budget is spent (`over`,
-        agreed by all ranks), saying so with the learning rate `lr` it ends at."""
+        """Measure; fix the horizon when rank 0 said so (`flags[1]`, agreed by all ranks;
+        returns the probe's validation metrics and the horizon, for the step's record); or end
+        the run once the budget is spent (`flags[0]`), saying so with the lr it ends at."""
+        over, calibrate = flags
         if not self.enabled:
             return {}
         self.clock.after_step(step)
-        if self.clock.due(step, self.state.horizon):
+        if calibrate and not self.state.horizon.total_steps:
             return self.fix(step, probe, save_s)
         if over and step < self.end_step():
             self.spent = True

@@ -80,7 +80,10 @@ class TrainConfig:
     # step time measured early fixes the last step, where the linear schedule reaches zero;
     # 0 = off (max_steps ends the run; with a budget it is an upper bound)
     budget_minutes: float = 0.0
-    budget_calibration_steps: int = 20  # steps timed to fix a budget's horizon
+    budget_calibration_steps: int = 20  # steps timed to fix a budget's horizon, at least
+    # share of the budget spent before its horizon is fixed; the step time is measured over
+    # its second half (the first seconds of a run can be faster than the rest); 0: at once
+    budget_calibration_fraction: float = 0.1
     grad_accum: int = 1
     zero_stage: int = 2
     # auto (the machine's fastest: trainer/precision.py) | bf16 | fp16 (GPU only) | fp32
@@ -141,6 +144,9 @@ class TrainConfig:
             out.append(("max_nonfinite", f"must be a positive integer, got {self.max_nonfinite!r}"))
         if not isinstance(self.budget_minutes, (int, float)) or not self.budget_minutes >= 0:
             out.append(("budget_minutes", f"must be >= 0 (0 = off), got {self.budget_minutes!r}"))
+        fraction = self.budget_calibration_fraction
+        if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+            out.append(("budget_calibration_fraction", f"must be in [0, 1), got {fraction!r}"))
         if not isinstance(self.save_every_minutes, (int, float)) or self.save_every_minutes < 0:
             out.append(("save_every_minutes", f"must be >= 0, got {self.save_every_minutes!r}"))
         if self.zero_stage not in (0, 1, 2, 3):

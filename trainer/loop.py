@@ -211,12 +211,12 @@ class Trainer:
             micro,
             self.env,
             self.model_cfg.label_smoothing,
-            [self.stop_request.requested, clock_due, self.env.is_main and self.budget.over()],
+            [self.stop_request.requested, clock_due, *self.budget.flags(self.state.step + 1)],
             nonfinite_flag(self.step_sums, self.env.device),
             self.abandon,
             step_guards_update(self.cfg, self.job.optim),
         )
-        self.stopping, self.save_due, budget_over, prev_nonfinite = result.flags
+        self.stopping, self.save_due, *budget_flags, prev_nonfinite = result.flags
         self.record = {}
         if not result.completed:  # skipped or abandoned on a stop request: undo what it read
             self.checkpoints.rewind(before)
@@ -237,7 +237,7 @@ class Trainer:
         self.faults.after_step(self.state.step)
         with self.timer.paused():  # a budget's calibration evaluates and decodes
             save_s, lr = self.checkpoints.expected_save_s(), self.engine.get_lr()[0]
-            self.record |= self.budget.after_step(self.state.step, budget_over, self.evaluator,
+            self.record |= self.budget.after_step(self.state.step, budget_flags, self.evaluator,
                                                   save_s, lr)  # fmt: skip
         self.nonfinite_streak = self.nonfinite_streak + 1 if prev_nonfinite else 0
         if self.nonfinite_streak >= self.cfg.max_nonfinite:

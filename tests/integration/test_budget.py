@@ -36,7 +36,8 @@ def test_a_budget_ends_the_run_at_its_time_with_the_schedule_at_its_end(
     assert proc.returncode == 0, out[-4000:]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     fixed = [r for r in records if "horizon" in r]
-    assert len(fixed) == 1 and fixed[0]["step"] == 13  # 3 steps left alone, 10 measured
+    # 3 steps left alone (and 3 s of the budget), at least 10 steps (and 6 s) measured
+    assert len(fixed) == 1 and fixed[0]["step"] >= 13
     assert "valid_loss" in fixed[0]  # the validation pass it timed is logged
     horizon = int(fixed[0]["horizon"])
     assert horizon > 50, out[-2000:]  # a minute holds many steps of this model

@@ -89,14 +89,30 @@ def test_train_state_carries_the_horizon_in_place_and_reads_old_checkpoints() ->
 
 
 def test_clock_window_leaves_evaluations_out_and_carries_time_spent() -> None:
-    clock = BudgetClock(budget_minutes=1.0, calibration_steps=2)
+    clock = BudgetClock(budget_minutes=1.0, calibration_steps=2)  # fraction 0: at once
     clock.start(start_step=10, carried_s=50.0)
-    assert clock.window_start == 13 and 50.0 <= clock.spent_s() < 55.0
-    assert not clock.due(14, Horizon()) and clock.due(15, Horizon())
-    assert not clock.due(15, Horizon(total_steps=99))  # fixed already: never again
+    assert 50.0 <= clock.spent_s() < 55.0
+    clock.after_step(12)
+    assert clock.mark is None  # 3 steps of the attempt first
     clock.after_step(13)
+    assert not clock.ready(14, Horizon()) and clock.ready(15, Horizon())
+    assert not clock.ready(15, Horizon(total_steps=99))  # fixed already: never again
     with clock.outside():
         time.sleep(0.3)  # an evaluation inside the window
     assert 0.0 <= clock.measured_step_s(15) < 0.1
     clock.carried_s = 100.0
     assert clock.over()  # 100 s of a 60 s budget, past its overrun allowance
+
+
+def test_the_window_opens_and_closes_at_shares_of_the_budget() -> None:
+    clock = BudgetClock(budget_minutes=10.0, calibration_steps=2, calibration_fraction=0.1)
+    clock.start(start_step=0, carried_s=0.0)
+    clock.after_step(5)
+    assert clock.mark is None  # 30 s (half of 10 % of 600 s) not spent yet
+    clock.carried_s = 31.0
+    clock.after_step(6)
+    assert clock.mark is not None and clock.mark[0] == 6
+    assert not clock.ready(20, Horizon())  # 20 steps measured, but not 60 s spent
+    clock.carried_s = 61.0
+    assert not clock.ready(7, Horizon()) and clock.ready(8, Horizon())
+    assert BudgetClock(1.0, 2, 0.1).measured_step_s(9) == 0.0  # no window on this rank

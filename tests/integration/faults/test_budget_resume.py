@@ -21,6 +21,7 @@ STEPS = 12  # the horizon: the cap, since 10 minutes hold far more steps
 BUDGET = [
     "train.budget_minutes=10", "train.budget_calibration_steps=2", "optim.schedule=linear",
     "optim.warmup_steps=2", "optim.lr=0.002", "train.save_every=2",
+    "train.budget_calibration_fraction=0",  # measured from step 3, whatever the time
 ]  # fmt: skip
 FIXED_AT = 5  # 3 steps left alone, then 2 measured
 
