@@ -179,15 +179,15 @@ def decay_start(warmup_steps: int, step: int) -> int:
     return max(warmup_steps, step + 1)
 
 
-def agree_on_costs(costs: Costs, env: DistEnv) -> Costs:
-    """Every rank's measured costs, the slowest rank's kept: all ranks then fix the same
-    horizon, which the slowest one can keep to."""
+def agree_on_costs(costs: Costs, spent_s: float, env: DistEnv) -> tuple[Costs, float]:
+    """Every rank's measured costs and time spent, the largest of each kept: every rank then
+    fixes the same horizon (from the same numbers), one that the slowest rank can keep to."""
     local = torch.tensor(
-        [costs.step_s, costs.eval_s, costs.bleu_s, costs.save_s], dtype=torch.float64
+        [costs.step_s, costs.eval_s, costs.bleu_s, costs.save_s, spent_s], dtype=torch.float64
     ).to(env.device)
     dist.all_reduce(local, op=dist.ReduceOp.MAX)
-    step_s, eval_s, bleu_s, save_s = local.tolist()
-    return Costs(step_s, eval_s, bleu_s, save_s)
+    step_s, eval_s, bleu_s, save_s, spent = local.tolist()
+    return Costs(step_s, eval_s, bleu_s, save_s), spent
 
 
 def horizon_line(budget_minutes: float, step: int, costs: Costs, horizon: Horizon) -> str:
@@ -283,9 +283,11 @@ class Budget:
             t0 = time.monotonic()
             probe.decode(samples)
             bleu_s = (time.monotonic() - t0) * self.cfg.bleu_samples / samples
-        costs = agree_on_costs(Costs(step_s, eval_s, bleu_s, save_s), env)
+        costs, spent = agree_on_costs(
+            Costs(step_s, eval_s, bleu_s, save_s), self.clock.spent_s(), env
+        )
         cadence = Cadence(self.cfg.eval_every, self.cfg.bleu_every, self.cfg.save_every)
-        left = self.clock.budget_s - self.clock.spent_s()
+        left = self.clock.budget_s - spent
         horizon = self.state.horizon
         horizon.total_steps = plan_horizon(step, left, costs, cadence, self.cfg.max_steps)
         horizon.decay_from = decay_start(self.warmup_steps, step)
