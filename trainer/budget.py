@@ -106,10 +106,11 @@ class BudgetClock:
     attempt's), and the step-time measurement window, which leaves out the seconds spent
     outside steps (evaluations, saves).
 
-    The window opens once half of `calibration_fraction` of the budget is spent (and
-    SKIP_STEPS steps are done) and may close once all of it is, after `calibration_steps`
-    steps at least: the first seconds of a run can be faster than the rest (a CPU's boost
-    clock, a loader's full queues) and would make the horizon too far."""
+    The window opens once half of `calibration_fraction` of the budget has passed since the
+    attempt's first step (and SKIP_STEPS steps are done) and may close once all of it has,
+    after `calibration_steps` steps at least: the first seconds of training can be faster than
+    the rest (a CPU's boost clock, a loader's full queues) and would make the horizon too far;
+    the start-up before the first step is spent but not a step."""
 
     def __init__(
         self, budget_minutes: float, calibration_steps: int, calibration_fraction: float = 0.0
@@ -123,6 +124,7 @@ class BudgetClock:
         self.outside_s = 0.0  # evaluations and saves since the attempt started
         # (step, clock, outside_s) where the window opened
         self.mark: tuple[int, float, float] | None = None
+        self.training_from: float | None = None  # spent_s() after the attempt's first step
 
     @property
     def enabled(self) -> bool:
@@ -150,9 +152,15 @@ class BudgetClock:
         finally:
             self.outside_s += time.monotonic() - t0
 
+    def training_s(self) -> float:
+        """Seconds since the attempt's first step ended."""
+        return 0.0 if self.training_from is None else self.spent_s() - self.training_from
+
     def after_step(self, step: int) -> None:
         """Open the window after `step` when it is time."""
-        opens = self.spent_s() >= 0.5 * self.fraction * self.budget_s
+        if self.training_from is None:
+            self.training_from = self.spent_s()
+        opens = self.training_s() >= 0.5 * self.fraction * self.budget_s
         if self.enabled and self.mark is None and step >= self.first_step and opens:
             self.mark = (step, time.monotonic(), self.outside_s)
 
@@ -162,7 +170,7 @@ class BudgetClock:
         if not self.enabled or horizon.total_steps or self.mark is None:
             return False
         measured = step - self.mark[0] >= self.calibration_steps
-        return measured and self.spent_s() >= self.fraction * self.budget_s
+        return measured and self.training_s() >= self.fraction * self.budget_s
 
     def measured_step_s(self, step: int) -> float:
         """Seconds per step over the window ending at `step` (evaluations and saves left out);

@@ -104,15 +104,16 @@ def test_clock_window_leaves_evaluations_out_and_carries_time_spent() -> None:
     assert clock.over()  # 100 s of a 60 s budget, past its overrun allowance
 
 
-def test_the_window_opens_and_closes_at_shares_of_the_budget() -> None:
+def test_the_window_opens_and_closes_at_shares_of_the_budget_after_the_first_step() -> None:
     clock = BudgetClock(budget_minutes=10.0, calibration_steps=2, calibration_fraction=0.1)
-    clock.start(start_step=0, carried_s=0.0)
+    clock.start(start_step=0, carried_s=100.0)  # spent before: start-up is not training
+    clock.after_step(1)  # training time counts from here
     clock.after_step(5)
-    assert clock.mark is None  # 30 s (half of 10 % of 600 s) not spent yet
-    clock.carried_s = 31.0
+    assert clock.mark is None  # 30 s (half of 10 % of 600 s) of training not passed yet
+    clock.carried_s += 31.0
     clock.after_step(6)
     assert clock.mark is not None and clock.mark[0] == 6
-    assert not clock.ready(20, Horizon())  # 20 steps measured, but not 60 s spent
-    clock.carried_s = 61.0
+    assert not clock.ready(20, Horizon())  # 20 steps measured, but not 60 s of training
+    clock.carried_s += 30.0
     assert not clock.ready(7, Horizon()) and clock.ready(8, Horizon())
     assert BudgetClock(1.0, 2, 0.1).measured_step_s(9) == 0.0  # no window on this rank
