@@ -1,8 +1,9 @@
 """Training against a wall-clock budget (`train.budget_minutes`).
 
-A run with a budget measures its step time early (`train.budget_calibration_steps` steps after
-a few left alone), times one validation pass and a short decode, and from them fixes the
-schedule's horizon once: the last step that, with the evaluations and saves due on the way and
+A run with a budget measures its step time early (over 5-10 % of the budget after its first
+step, `train.budget_calibration_fraction`, and at least `train.budget_calibration_steps` steps;
+BudgetClock), times one validation pass and a short decode, and from them fixes the schedule's
+horizon once: the last step that, with the evaluations and saves due on the way and
 the final ones, ends within the budget. The horizon goes into every checkpoint (`TrainState`),
 so a resumed run keeps the same learning-rate curve and stays bitwise; the linear schedule
 decays to zero at it (trainer/schedule.py). Time counts from the start of each attempt's
