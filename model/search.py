@@ -11,7 +11,9 @@ step, which is slower but useful to measure what the cache buys (bench/decode.py
 Lengths: a sentence's output may have at most max_len = floor(a * src_len + b) tokens
 counting the final EOS (src_len = non-pad source tokens, EOS included); at step max_len only
 EOS is allowed, so every hypothesis ends. PAD and BOS are never generated. `min_len` forbids
-EOS before that step (used to force fixed-length output when benchmarking).
+EOS before that step (used to force fixed-length output when benchmarking). `max_lens` (B,)
+gives each sentence's maximum instead of a and b (a budget's probe decodes an untrained model,
+which never ends early, to the references' lengths: what a trained model's decode costs).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def greedy_search(
     max_len_b: int = 50,
     use_cache: bool = True,
     min_len: int = 0,
+    max_lens: Tensor | None = None,
 ) -> list[list[int]]:
     """Most probable next token at every step; returns each sentence's tokens (no BOS/EOS).
 
@@ -93,7 +96,8 @@ def greedy_search(
     b = src.shape[0]
     device = src.device
     enc = model.encode(src)
-    lens = max_lengths(src, max_len_a, max_len_b).to(device)  # (A,) A = live sentences
+    lens = max_lengths(src, max_len_a, max_len_b) if max_lens is None else max_lens
+    lens = lens.to(device)  # (A,) A = live sentences
     max_steps = int(lens.max())
     tokens = torch.full((b, 1), BOS_ID, dtype=torch.long, device=device)  # (A, 1)
     active = torch.arange(b, device=device)  # (A,) input position of each live sentence
@@ -132,6 +136,7 @@ def beam_search(
     use_cache: bool = True,
     min_len: int = 0,
     early_stop: bool = True,
+    max_lens: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search with the GNMT length penalty; nbest hypotheses per sentence, best first.
 
@@ -151,7 +156,7 @@ def beam_search(
     device = src.device
     rows = torch.arange(n, device=device).repeat_interleave(k)  # (N*K,)
     enc = model.encode(src).select(rows)  # out (A*K, S, D), A = live sentences
-    lens = max_lengths(src, max_len_a, max_len_b)  # (N,)
+    lens = max_lengths(src, max_len_a, max_len_b) if max_lens is None else max_lens  # (N,)
     lens_rows = lens.to(device).repeat_interleave(k)  # (A*K,)
     lens_list = lens.tolist()
     tokens = torch.full((n * k, 1), BOS_ID, dtype=torch.long, device=device)  # (A*K, 1)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from data_pipeline.config import DataConfig
 from data_pipeline.loader import TokenBatchStream
 from data_pipeline.tokenizer import Tokenizer
+from model.config import PAD_ID
 from model.search import beam_search, greedy_search
 from model.transformer import Transformer
 from trainer.dist import DistEnv
@@ -113,9 +114,11 @@ def validation_bleu(
     env: DistEnv,
     samples: int,
     beam: int = 1,
+    reference_lengths: bool = False,
 ) -> dict[str, float]:
     """Decode the first `samples` validation pairs (beam search; 1 = greedy), sharded by rank
-    and gathered; sacreBLEU on rank 0."""
+    and gathered; sacreBLEU on rank 0. `reference_lengths`: each output is as long as its
+    reference (EOS included), as a trained model's roughly is: a budget's probe times this."""
     stream = valid_stream(data_dir, data_cfg, env)
     per_rank = math.ceil(samples / env.world_size)
     hyps: list[str] = []
@@ -127,15 +130,17 @@ def validation_bleu(
             if len(refs) >= per_rank:
                 break
             batch = batch.to(env.device)
+            need = per_rank - len(refs)  # only the sentences asked for, not the whole batch
+            src = batch.src[:need]  # (B', S)
+            lens = batch.tgt_out[:need].ne(PAD_ID).sum(dim=1) if reference_lengths else None
             if beam == 1:
-                out = greedy_search(model, batch.src)
+                out = greedy_search(model, src, max_lens=lens)
             else:
-                out = [hyps[0].tokens for hyps in beam_search(model, batch.src, beam=beam)]
+                out = [hyps[0].tokens for hyps in beam_search(model, src, beam, max_lens=lens)]
             hyps.extend(tokenizer.decode(out))
-            refs.extend(batch.tgt_text)
+            refs.extend(batch.tgt_text[:need])
     stream.close()
     engine.module.train()
-    hyps, refs = hyps[:per_rank], refs[:per_rank]
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(gathered, (hyps, refs))
     if not env.is_main:
@@ -174,11 +179,12 @@ class Evaluator:
             )  # fmt: skip
 
     def decode(self, samples: int) -> None:
+        """A budget's probe: `samples` sentences decoded as long as their references."""
         with rng_preserved():
-            self._bleu(samples)
+            self._bleu(samples, reference_lengths=True)
 
-    def _bleu(self, samples: int) -> dict[str, float]:
+    def _bleu(self, samples: int, reference_lengths: bool = False) -> dict[str, float]:
         return validation_bleu(
             self.engine, self.data_dir, self.data_cfg, self.tokenizer, self.env, samples,
-            self.cfg.bleu_beam,
+            self.cfg.bleu_beam, reference_lengths,
         )  # fmt: skip

@@ -138,6 +138,13 @@ def test_length_limits() -> None:
     assert all(len(y) <= n - 1 for y, n in zip(out, [5, 2], strict=True))
     hyps = beam_search(model, src, beam=3, max_len_a=0.0, max_len_b=7, min_len=7)
     assert [len(h[0].tokens) for h in hyps] == [6, 6]
+    # per-sentence limits (a budget's probe: the references' lengths) replace a and b; a model
+    # that never picks EOS by itself (as an untrained one) stops at each sentence's own limit
+    never_ends = eos_happy_model(2, eos_boost=-1e4)
+    limits = torch.tensor([4, 9])
+    assert [len(y) for y in greedy_search(never_ends, src, max_lens=limits)] == [3, 8]
+    hyps = beam_search(never_ends, src, beam=3, max_lens=limits)
+    assert [len(h[0].tokens) for h in hyps] == [3, 8]
 
 
 def test_exact_stopping_is_never_worse_than_early_stopping() -> None:
