@@ -10,6 +10,10 @@ Each run's wall time is read from its own metrics.jsonl: from the first logged s
 last (every step logged), so start-up and the final save are outside it and every periodic
 save inside it. The figure is each variant's steps/s over the no-save run's, from the sum of
 its rounds (rounds alternate the variants, so the machine's load drifts equally on all).
+Runs minutes apart on a shared machine differ by more than a few saves cost, so each run is also
+measured against itself: its steps' time over what its median step would give (the saves land
+in a few steps; the median is the step without them); the cost of saves is that excess less
+the no-save run's (its own noise), a figure independent of the load between runs.
 Without --data a synthetic corpus is written and prepared under --work (bench/train_overhead.py).
 `--smoke`: d_model 32, 6 steps, a save every 2 (seconds).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -33,8 +38,8 @@ VARIANTS = {
 }
 
 
-def run_once(args: argparse.Namespace, data: Path, variant: str, k: int) -> float:
-    """Wall seconds from the first to the last logged step of one run."""
+def run_once(args: argparse.Namespace, data: Path, variant: str, k: int) -> list[float]:
+    """Each step's wall seconds, from the first to the last logged step of one run."""
     run_dir = Path(args.work) / f"run-{k}-{variant.replace(' ', '-')}"
     shutil.rmtree(run_dir, ignore_errors=True)
     over = [
@@ -52,7 +57,13 @@ def run_once(args: argparse.Namespace, data: Path, variant: str, k: int) -> floa
     saves = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     print(f"{variant:12s} round {k}: {last - first} steps in {times[last] - times[first]:.1f} s; "
           f"checkpoints kept {saves}", flush=True)  # fmt: skip
-    return times[last] - times[first]
+    return [times[i] - times[i - 1] for i in range(first + 1, last + 1)]
+
+
+def excess(steps: list[float]) -> float:
+    """The steps' time over `len(steps)` median steps, as a fraction of the latter."""
+    typical = len(steps) * statistics.median(steps)
+    return sum(steps) / typical - 1.0
 
 
 def main() -> None:
@@ -76,9 +87,12 @@ def main() -> None:
         else prepare_synthetic(Path(args.work), 2000 if args.smoke else 20000)
     )
     seconds = {v: 0.0 for v in VARIANTS}
+    excesses: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for k in range(args.repeats):
         for variant in VARIANTS:
-            seconds[variant] += run_once(args, data, variant, k)
+            steps = run_once(args, data, variant, k)
+            seconds[variant] += sum(steps)
+            excesses[variant].append(excess(steps))
     base = seconds["no saves"]
     case = {"config": args.config, "steps": args.steps, "save_every": args.every,
             "rounds": args.repeats, "ranks": 2}  # fmt: skip
@@ -88,6 +102,12 @@ def main() -> None:
         ratio = base / seconds[variant]
         print(f"{variant}: steps/s x{ratio:.3f} of no saves", flush=True)
         rows.append(row(f"{variant}: steps/s / no saves", ratio, "x", **case))
+    floor = statistics.mean(excesses["no saves"])
+    rows.append(row("no saves: steps' time over median steps", 100 * floor, "%", **case))
+    for variant in ("sync saves", "async saves"):
+        cost = 100 * (statistics.mean(excesses[variant]) - floor)
+        print(f"{variant}: in-run cost {cost:.2f} % of the steps' time", flush=True)
+        rows.append(row(f"{variant}: in-run cost (excess over no saves')", cost, "%", **case))
     write_rows(args.json, rows)
 
 

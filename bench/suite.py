@@ -229,16 +229,17 @@ REGISTRY: tuple[Bench, ...] = (
     ),
     Bench(
         "save_overhead",
-        "Steps/s of `paperscale train` (demo preset, 2 CPU ranks) with a save every 40 steps, "
-        "synchronous and in the background, against no saves.",
+        "Steps/s of `paperscale train` (tiny preset, 2 CPU ranks) with a save every 50 steps, "
+        "synchronous and in the background, against no saves; and each run against its own "
+        "median step.",
         (
             "{python}",
             "-m",
             "bench.save_overhead",
             "--steps",
-            "120",
+            "150",
             "--every",
-            "40",
+            "50",
             "--repeats",
             "1",
             "--work",
