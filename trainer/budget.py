@@ -188,6 +188,15 @@ def decay_start(warmup_steps: int, step: int) -> int:
     return max(warmup_steps, step + 1)
 
 
+def bleu_seconds(t_small: float, small: int, t_large: float, large: int, wanted: int) -> float:
+    """Seconds to decode `wanted` sentences, from decodes of `small` and `large` sentences
+    taking `t_small` and `t_large` s: a fixed part and a part per sentence, the line through
+    both; never less than the larger decode took (a noisy pair can slope down)."""
+    per = max(t_large - t_small, 0.0) / (large - small)
+    fixed = max(t_small - per * small, 0.0)
+    return max(fixed + per * wanted, t_large)
+
+
 def agree_on_costs(costs: Costs, spent_s: float, env: DistEnv) -> tuple[Costs, float]:
     """Every rank's measured costs and time spent, the largest of each kept: every rank then
     fixes the same horizon (from the same numbers), one that the slowest rank can keep to."""
@@ -288,10 +297,7 @@ class Budget:
             t0 = time.monotonic()
             record = probe.validation()
             eval_s = time.monotonic() - t0
-            samples = min(BLEU_PROBE_SAMPLES, self.cfg.bleu_samples)
-            t0 = time.monotonic()
-            probe.decode(samples)
-            bleu_s = (time.monotonic() - t0) * self.cfg.bleu_samples / samples
+            bleu_s = self.time_bleu(probe)
         costs, spent = agree_on_costs(
             Costs(step_s, eval_s, bleu_s, save_s), self.clock.spent_s(), env
         )
@@ -303,6 +309,22 @@ class Budget:
         if env.is_main:
             print(horizon_line(self.cfg.budget_minutes, step, costs, horizon), flush=True)
         return {**record, "horizon": float(horizon.total_steps)}
+
+    def time_bleu(self, probe: Probe) -> float:
+        """Seconds for a BLEU of train.bleu_samples sentences, from two short decodes: what
+        one costs whatever its size (a copy of the model, the validation stream's start) and
+        what each sentence adds, so that the first is not multiplied with the second."""
+        samples = min(BLEU_PROBE_SAMPLES, self.cfg.bleu_samples)
+        if samples < 2:  # one sentence: nothing to tell the two apart
+            t0 = time.monotonic()
+            probe.decode(samples)
+            return (time.monotonic() - t0) * self.cfg.bleu_samples / samples
+        times = []
+        for n in (samples // 2, samples):
+            t0 = time.monotonic()
+            probe.decode(n)
+            times.append(time.monotonic() - t0)
+        return bleu_seconds(times[0], samples // 2, times[1], samples, self.cfg.bleu_samples)
 
     def spent_line(self, step: int, lr: float) -> str:
         horizon = self.state.horizon.total_steps or "not fixed yet"

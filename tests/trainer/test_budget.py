@@ -13,6 +13,7 @@ from trainer.budget import (
     BudgetClock,
     Cadence,
     Costs,
+    bleu_seconds,
     decay_start,
     plan_horizon,
     time_to,
@@ -117,3 +118,14 @@ def test_the_window_opens_and_closes_at_shares_of_the_budget_after_the_first_ste
     clock.carried_s += 30.0
     assert not clock.ready(7, Horizon()) and clock.ready(8, Horizon())
     assert BudgetClock(1.0, 2, 0.1).measured_step_s(9) == 0.0  # no window on this rank
+
+
+def test_bleu_time_separates_the_fixed_cost_from_the_per_sentence_cost() -> None:
+    # 8 sentences in 1.2 s, 16 in 1.4 s: 1.0 s whatever the size, 0.025 s a sentence
+    assert bleu_seconds(1.2, 8, 1.4, 16, 200) == pytest.approx(1.0 + 200 * 0.025)
+    # scaling the 16-sentence decode (the old estimate) would say 17.5 s
+    assert bleu_seconds(1.2, 8, 1.4, 16, 200) < 1.4 * 200 / 16  # 6.0 s against 17.5
+    # a noisy pair (the larger decode faster) is never below what a decode was seen to take
+    assert bleu_seconds(1.5, 8, 1.4, 16, 200) == pytest.approx(1.5)
+    # purely per-sentence: the old scaling
+    assert bleu_seconds(0.5, 8, 1.0, 16, 200) == pytest.approx(12.5)
