@@ -61,7 +61,9 @@ def run_once(args: argparse.Namespace, data: Path, variant: str, k: int) -> list
 
 
 def excess(steps: list[float]) -> float:
-    """The steps' time over `len(steps)` median steps, as a fraction of the latter."""
+    """The steps' time over as many median steps, as a fraction of the latter; the first
+    tenth left out (a run's first steps are slower, saves or not; the first save is later)."""
+    steps = steps[max(len(steps) // 10, 1) :]
     typical = len(steps) * statistics.median(steps)
     return sum(steps) / typical - 1.0
 
