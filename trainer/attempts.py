@@ -129,6 +129,10 @@ def agree_on_start(run: Any, limit: int, env: Any) -> dict[str, Any] | None:
         return None
     if env.is_main:
         print(f"paperscale: error: {answer[0]}", file=sys.stderr, flush=True)
+    # every rank leaves the group together: a rank still in the broadcast when its peer's
+    # process is gone reads a reset socket and aborts, and torchrun restarts the group again
+    dist.barrier()
+    dist.destroy_process_group()
     return {"preempted": False, "exit_code": EXIT_CRASH_LOOP, "error": answer[0]}
 
 
