@@ -313,18 +313,18 @@ class Budget:
     def time_bleu(self, probe: Probe) -> float:
         """Seconds for a BLEU of train.bleu_samples sentences, from two short decodes: what
         one costs whatever its size (a copy of the model, the validation stream's start) and
-        what each sentence adds, so that the first is not multiplied with the second."""
-        samples = min(BLEU_PROBE_SAMPLES, self.cfg.bleu_samples)
-        if samples < 2:  # one sentence: nothing to tell the two apart
-            t0 = time.monotonic()
-            probe.decode(samples)
-            return (time.monotonic() - t0) * self.cfg.bleu_samples / samples
-        times = []
-        for n in (samples // 2, samples):
+        what each sentence adds, so that the first is not multiplied with the second. With a
+        single sentence to decode, the smaller decode is the empty one (no time at all)."""
+
+        def timed(n: int) -> float:
             t0 = time.monotonic()
             probe.decode(n)
-            times.append(time.monotonic() - t0)
-        return bleu_seconds(times[0], samples // 2, times[1], samples, self.cfg.bleu_samples)
+            return time.monotonic() - t0
+
+        large = min(BLEU_PROBE_SAMPLES, self.cfg.bleu_samples)
+        small = large // 2
+        t_small = timed(small) if small else 0.0
+        return bleu_seconds(t_small, small, timed(large), large, self.cfg.bleu_samples)
 
     def spent_line(self, step: int, lr: float) -> str:
         horizon = self.state.horizon.total_steps or "not fixed yet"

@@ -129,3 +129,5 @@ def test_bleu_time_separates_the_fixed_cost_from_the_per_sentence_cost() -> None
     assert bleu_seconds(1.5, 8, 1.4, 16, 200) == pytest.approx(1.5)
     # purely per-sentence: the old scaling
     assert bleu_seconds(0.5, 8, 1.0, 16, 200) == pytest.approx(12.5)
+    # one sentence to probe with: the empty decode (0 s) is the smaller one, the old scaling
+    assert bleu_seconds(0.0, 0, 0.5, 1, 200) == pytest.approx(100.0)
