@@ -207,8 +207,8 @@ def machine_line() -> str:
 
 def serving_exports(ours: Path, tmp: Path) -> list[tuple[str, Path]]:
     """Our export plus its Transformers and CTranslate2 (fp32, int8) exports under `tmp`."""
-    from trainer.serve.export_ct2 import export_ct2
-    from trainer.serve.export_hf import export_hf
+    from serve.export_ct2 import export_ct2
+    from serve.export_hf import export_hf
 
     hf = export_hf(ours, tmp / "hf")
     return [
@@ -224,7 +224,7 @@ def run_engines(args: argparse.Namespace, ours: Path, data: Path) -> list[Row]:
     import sacrebleu
 
     from data_pipeline.text import read_split_text
-    from trainer.serve.engines import AnyExport, engine_line
+    from serve.engines import AnyExport
 
     sources, refs = read_split_text(data, args.split)
     if args.limit:
@@ -251,7 +251,7 @@ def run_engines(args: argparse.Namespace, ours: Path, data: Path) -> list[Row]:
             same = sum(h == b for h, b in zip(hyps, baseline, strict=True)) / len(hyps)
             bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
             print(f"{name:<18}{len(sources) / seconds:>10.2f}{bleu:>8.2f}{same:>13.1%}")
-            print(f"  {engine_line(translator)}")
+            print(f"  {translator.engine}")
             case = {"engine": name, "beam": args.beam, "lenpen": args.lenpen}
             out.append(
                 row(f"{name}, beam {args.beam}", len(sources) / seconds, "sentences/s", **case)

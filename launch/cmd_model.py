@@ -14,8 +14,8 @@ from trainer.run_dir import RunDir, run_dir_of_export
 
 def resolve_export(path: Path) -> Path:
     """An export dir (ours, Transformers or CTranslate2), or a run dir whose `model/` is one."""
+    from serve.formats import export_format
     from trainer.export import WEIGHTS
-    from trainer.serve.formats import export_format
 
     for candidate in (path, RunDir(path).model):
         if export_format(candidate) is not None:
@@ -26,7 +26,7 @@ def resolve_export(path: Path) -> Path:
 
 def load_translator(translator_cls: Any, export: Path) -> Any:
     """The export's model and tokenizer; a broken export is a UsageError, not a traceback."""
-    from trainer.export import ExportError
+    from serve.formats import ExportError
 
     try:
         return translator_cls.load(export)
@@ -47,7 +47,7 @@ def check_decode_args(args: argparse.Namespace) -> None:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from trainer.serve.engines import AnyExport, engine_line
+    from serve.engines import AnyExport
 
     check_decode_args(args)
     export = resolve_export(Path(args.model))
@@ -56,7 +56,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     source = Path(args.input).read_text() if args.input else sys.stdin.read()
     lines = source.splitlines()
     translator = load_translator(AnyExport, export)
-    print(f"paperscale: engine: {engine_line(translator)}", file=sys.stderr)
+    print(f"paperscale: engine: {translator.engine}", file=sys.stderr)
     results = translator.translate(
         lines, beam=args.beam, lenpen=args.lenpen, nbest=args.nbest, max_tokens=args.max_tokens
     )
@@ -93,7 +93,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from data_pipeline.loader import read_manifest
     from data_pipeline.text import SplitDamaged, read_split
     from launch.evaluation import format_examples, pick_examples, score
-    from trainer.serve.engines import AnyExport, engine_line
+    from serve.engines import AnyExport
 
     check_decode_args(args)
     if args.show < 0:
@@ -110,7 +110,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.limit:
         sources, refs = sources[: args.limit], refs[: args.limit]
     translator = load_translator(AnyExport, export)
-    print(f"paperscale: engine: {engine_line(translator)}", file=sys.stderr)
+    print(f"paperscale: engine: {translator.engine}", file=sys.stderr)
     hyps = [
         nbest[0][0]
         for nbest in translator.translate(
@@ -133,7 +133,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from trainer.serve.export_run import FORMAT_NAMES, default_out, export_run_as
+    from serve.export_run import FORMAT_NAMES, default_out, export_run_as
 
     run_dir = Path(args.run_dir)
     run = RunDir(run_dir)

@@ -124,6 +124,119 @@ def greedy_search(
     return out
 
 
+@dataclass
+class _Beams:
+    """The live sentences of a beam search, A of them with K slots each (rows = A * K)."""
+
+    k: int
+    tokens: Tensor  # (A*K, step) every slot's prefix from BOS
+    scores: Tensor  # (A, K) raw sums of log-probs; -inf for a dead slot
+    active: Tensor  # (A,) input position of each live sentence
+    n_finished: Tensor  # (A,)
+    enc: EncoderOut  # (A*K, S, D)
+    lens_rows: Tensor  # (A*K,) each row's sentence's max length
+
+    @classmethod
+    def start(cls, model: Transformer, src: Tensor, k: int, lens: Tensor) -> _Beams:
+        """N sentences (src (N, S)) with K slots each, only the first slot alive (all are BOS)."""
+        n, device = src.shape[0], src.device
+        rows = torch.arange(n, device=device).repeat_interleave(k)  # (N*K,)
+        scores = torch.full((n, k), -math.inf, device=device)  # (N, K)
+        scores[:, 0] = 0.0  # all beams start identical: only one may expand at step 1
+        return cls(
+            k=k,
+            tokens=torch.full((n * k, 1), BOS_ID, dtype=torch.long, device=device),  # (N*K, 1)
+            scores=scores,
+            active=torch.arange(n, device=device),
+            n_finished=torch.zeros(n, dtype=torch.long, device=device),
+            enc=model.encode(src).select(rows),  # (N*K, S, D)
+            lens_rows=lens.to(device).repeat_interleave(k),
+        )
+
+    def candidates(self, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The 2K best continuations of each sentence, best first: scores, slots, tokens (A, C)."""
+        a, k, v = self.scores.shape[0], self.k, lprobs.shape[-1]
+        cand = (self.scores[:, :, None] + lprobs.view(a, k, v)).view(a, k * v)  # (A, K*V)
+        top_s, top_i = cand.topk(min(2 * k, k * v), dim=1)  # (A, C)
+        return top_s, top_i.div(v, rounding_mode="floor"), top_i.remainder(v)
+
+    def finish(
+        self, ends: Tensor, beam_idx: Tensor, top_s: Tensor, lp: float, out: list[list[Hypothesis]]
+    ) -> None:
+        """Hypotheses ending in EOS among the first K ranks (`ends`, (A, K)) join `out`."""
+        ei, er = ends.nonzero(as_tuple=True)  # by sentence, then by rank
+        ended_rows = ei * self.k + beam_idx[ei, er]
+        for i, prefix, s in zip(
+            self.active[ei].tolist(),
+            self.tokens[ended_rows, 1:].tolist(),
+            top_s[ei, er].tolist(),
+            strict=True,
+        ):
+            out[i].append(Hypothesis(prefix, s / lp))
+        self.n_finished += ends.sum(dim=1)
+
+    def advance(
+        self,
+        keep: Tensor,
+        scores: Tensor,
+        tok: Tensor,
+        src_beam: Tensor,
+        cache: DecoderCache | None,
+    ) -> None:
+        """Keep the sentences `keep` (A',), each slot extending slot `src_beam` (A, K) by `tok`."""
+        k = self.k
+        if keep.numel() < self.scores.shape[0]:
+            keep_rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).view(-1)
+            self.active, self.n_finished = self.active[keep], self.n_finished[keep]
+            scores, tok, src_beam = scores[keep], tok[keep], src_beam[keep]
+            self.enc = self.enc.select(keep_rows)
+            self.lens_rows = self.lens_rows[keep_rows]
+            if cache is not None:
+                cache.reorder_cross(keep_rows)
+        index = (keep[:, None] * k + src_beam).view(-1)  # (A'*K,) rows of the old batch
+        self.tokens = torch.cat([self.tokens.index_select(0, index), tok.view(-1, 1)], dim=1)
+        self.scores = scores  # (A', K)
+        if cache is not None:
+            cache.reorder_self(index)  # beams move only within their sentence
+
+
+def _refill(
+    top_s: Tensor, beam_idx: Tensor, tok: Tensor, taken: Tensor, k: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The K live slots take the extensions `taken` (A, C) in rank order; slots past the number
+    taken are dead: they keep their own row and are fed padding at score -inf. Returns each
+    slot's score, token and source slot (A, K)."""
+    c = top_s.shape[1]
+    slots = torch.arange(k, device=top_s.device)  # (K,)
+    rank_key = torch.where(taken, c - torch.arange(c, device=top_s.device), 0)  # (A, C)
+    pick = rank_key.topk(k, dim=1).indices  # (A, K)
+    live = slots[None, :] < taken.sum(dim=1)[:, None]  # (A, K)
+    new_scores = top_s.gather(1, pick).masked_fill(~live, -math.inf)  # (A, K)
+    new_tok = tok.gather(1, pick).masked_fill(~live, PAD_ID)  # (A, K)
+    src_beam = torch.where(live, beam_idx.gather(1, pick), slots[None, :])  # (A, K)
+    return new_scores, new_tok, src_beam
+
+
+def _cannot_improve(
+    beams: _Beams,
+    full: Tensor,
+    best_alive: Tensor,
+    finished: list[list[Hypothesis]],
+    lens: list[int],
+    lenpen: float,
+) -> Tensor:
+    """(A,) bool: a full sentence whose best live hypothesis, even at the most favourable
+    length penalty (its max length), cannot beat its K-th finished one."""
+    idx = full.nonzero().squeeze(1)
+    stop = torch.zeros_like(full)
+    for j, i, alive in zip(
+        idx.tolist(), beams.active[idx].tolist(), best_alive[idx].tolist(), strict=True
+    ):
+        kth = sorted(h.score for h in finished[i])[-beams.k]
+        stop[j] = kth >= alive / length_penalty(lens[i], lenpen)
+    return stop
+
+
 @torch.no_grad()
 def beam_search(
     model: Transformer,
@@ -153,86 +266,31 @@ def beam_search(
     if nbest > beam:
         raise ValueError(f"nbest={nbest} > beam={beam}")
     n, k = src.shape[0], beam
-    device = src.device
-    rows = torch.arange(n, device=device).repeat_interleave(k)  # (N*K,)
-    enc = model.encode(src).select(rows)  # out (A*K, S, D), A = live sentences
     lens = max_lengths(src, max_len_a, max_len_b) if max_lens is None else max_lens  # (N,)
-    lens_rows = lens.to(device).repeat_interleave(k)  # (A*K,)
+    beams = _Beams.start(model, src, k, lens)
     lens_list = lens.tolist()
-    tokens = torch.full((n * k, 1), BOS_ID, dtype=torch.long, device=device)  # (A*K, 1)
-    scores = torch.full((n, k), -math.inf, device=device)  # (A, K) raw sums of log-probs
-    scores[:, 0] = 0.0  # all beams start identical: only one may expand at step 1
-    active = torch.arange(n, device=device)  # (A,) input position of each live sentence
-    n_finished = torch.zeros(n, dtype=torch.long, device=device)  # (A,)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
-    slots = torch.arange(k, device=device)  # (K,)
     cache = DecoderCache() if use_cache else None
     for step in range(1, max(lens_list) + 1):
-        a = scores.shape[0]
-        lprobs = _next_log_probs(model, tokens, enc, cache, step, lens_rows, min_len)  # (A*K, V)
-        v = lprobs.shape[-1]
-        cand = (scores[:, :, None] + lprobs.view(a, k, v)).view(a, k * v)  # (A, K*V)
-        top_s, top_i = cand.topk(min(2 * k, k * v), dim=1)  # (A, C) best first
-        c = top_s.shape[1]
-        beam_idx, tok = top_i.div(v, rounding_mode="floor"), top_i.remainder(v)  # (A, C)
+        lprobs = _next_log_probs(
+            model, beams.tokens, beams.enc, cache, step, beams.lens_rows, min_len
+        )  # (A*K, V)
+        top_s, beam_idx, tok = beams.candidates(lprobs)  # (A, C)
         valid = top_s.ne(-math.inf)  # (A, C) a prefix of each row: -inf sorts last
         is_eos = tok.eq(EOS_ID) & valid
         extend = valid & ~is_eos
         taken = extend & extend.cumsum(dim=1).le(k)  # (A, C) the first K extensions
-        n_alive = taken.sum(dim=1)  # (A,)
-        ends = is_eos[:, :k]  # (A, K) EOS among the first K ranks: finished hypotheses
-        if bool(ends.any()):
-            ei, er = ends.nonzero(as_tuple=True)  # by sentence, then by rank
-            ended_rows = ei * k + beam_idx[ei, er]
-            lp = length_penalty(step, lenpen)
-            for i, prefix, s in zip(
-                active[ei].tolist(),
-                tokens[ended_rows, 1:].tolist(),
-                top_s[ei, er].tolist(),
-                strict=True,
-            ):
-                finished[i].append(Hypothesis(prefix, s / lp))
-            n_finished += ends.sum(dim=1)
-        # the K live slots take the extensions in rank order; slots past n_alive are dead:
-        # they keep their own row and are fed padding at score -inf
-        rank_key = torch.where(taken, c - torch.arange(c, device=device), 0)  # (A, C)
-        pick = rank_key.topk(k, dim=1).indices  # (A, K)
-        live = slots[None, :] < n_alive[:, None]  # (A, K)
-        new_scores = top_s.gather(1, pick).masked_fill(~live, -math.inf)  # (A, K)
-        new_tok = tok.gather(1, pick).masked_fill(~live, PAD_ID)  # (A, K)
-        src_beam = torch.where(live, beam_idx.gather(1, pick), slots[None, :])  # (A, K)
-        done = n_alive.eq(0)  # (A,)
-        full = n_finished.ge(k) & ~done  # (A,)
+        if bool(is_eos[:, :k].any()):
+            beams.finish(is_eos[:, :k], beam_idx, top_s, length_penalty(step, lenpen), finished)
+        new_scores, new_tok, src_beam = _refill(top_s, beam_idx, tok, taken, k)
+        done = taken.sum(dim=1).eq(0)  # (A,) no live hypothesis left
+        full = beams.n_finished.ge(k) & ~done  # (A,)
         if early_stop:
             done |= full
         elif bool(full.any()):
-            idx = full.nonzero().squeeze(1)
-            stop = []
-            for i, best_alive in zip(
-                active[idx].tolist(), new_scores[idx, 0].tolist(), strict=True
-            ):
-                kth = sorted(h.score for h in finished[i])[-k]
-                stop.append(kth >= best_alive / length_penalty(lens_list[i], lenpen))
-            done[idx[torch.tensor(stop, device=device)]] = True
-        src_sent = torch.arange(a, device=device)  # (A',) old position of each kept sentence
-        if bool(done.any()):
-            src_sent = (~done).nonzero().squeeze(1)
-            if src_sent.numel() == 0:
-                break
-            keep_rows = (src_sent[:, None] * k + slots).view(-1)  # (A'*K,)
-            active, n_finished = active[src_sent], n_finished[src_sent]
-            new_scores, new_tok, src_beam = (
-                new_scores[src_sent],
-                new_tok[src_sent],
-                src_beam[src_sent],
-            )
-            enc = enc.select(keep_rows)
-            lens_rows = lens_rows[keep_rows]
-            if cache is not None:
-                cache.reorder_cross(keep_rows)
-        index = (src_sent[:, None] * k + src_beam).view(-1)  # (A'*K,) rows of the old batch
-        tokens = torch.cat([tokens.index_select(0, index), new_tok.view(-1, 1)], dim=1)
-        scores = new_scores  # (A', K)
-        if cache is not None:
-            cache.reorder_self(index)  # beams move only within their sentence
+            done |= _cannot_improve(beams, full, new_scores[:, 0], finished, lens_list, lenpen)
+        keep = (~done).nonzero().squeeze(1)  # (A',) the sentences that go on
+        if keep.numel() == 0:
+            break
+        beams.advance(keep, new_scores, new_tok, src_beam, cache)
     return [sorted(h, key=lambda x: -x.score)[:nbest] for h in finished]

@@ -1,8 +1,8 @@
-"""Consolidated fp32 weights from a DeepSpeed checkpoint of any ZeRO stage, and loading them back.
+"""Consolidated fp32 weights from a DeepSpeed checkpoint of any ZeRO stage, written as an export.
 
 An export directory holds `model.safetensors` (fp32), `model.json` (the ModelConfig),
 `config.yaml` (the run's resolved config) and `spm.model`: everything `translate` needs, and
-nothing that is unpickled when read.
+nothing that is unpickled when read (serve/engine_paperscale.py loads it).
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from model.config import ModelConfig
-from model.transformer import Transformer
 from trainer.run_dir import CONFIG, TOKENIZER, CheckpointDir, LayoutError, RunDir, write_atomic
 
 WEIGHTS = "model.safetensors"
@@ -116,37 +114,6 @@ def export_checkpoint(tag_dir: Path, out_dir: Path, spm_model: Path) -> Path:
         out_dir, consolidated_state_dict(tag_dir), meta["model"], meta["config"], spm_model
     )
     return out_dir
-
-
-class ExportError(ValueError):
-    """An export directory that cannot be loaded; `str()` is one line naming the file."""
-
-
-def load_exported(export_dir: Path, device: torch.device | str = "cpu") -> Transformer:
-    """Build the model from an export directory (safetensors only; nothing is unpickled)."""
-    try:
-        cfg = ModelConfig(**json.loads((export_dir / MODEL_JSON).read_text()))
-        problems = cfg.problems()
-    except (OSError, ValueError, TypeError) as exc:
-        raise ExportError(f"{export_dir / MODEL_JSON} is not a model description: {exc}") from None
-    if problems:
-        raise ExportError(f"{export_dir / MODEL_JSON}: {problems[0][0]} {problems[0][1]}")
-    model = Transformer(cfg)
-    try:
-        state = load_file(str(export_dir / WEIGHTS), device=str(device))
-    except Exception as exc:  # safetensors raises its own error type for a damaged file
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ExportError(
-            f"{export_dir / WEIGHTS} is not a readable safetensors file ({first})"
-        ) from None
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise ExportError(
-            f"{export_dir / WEIGHTS} does not match {export_dir / MODEL_JSON}: "
-            f"{str(exc).strip().splitlines()[-1].strip()[:200]}"
-        ) from None
-    return model.to(device).eval()
 
 
 def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ RUN/tb/  RUN/wandb/             TensorBoard events, the wandb run
 RUN/report.png                  curves of metrics.jsonl
 RUN/profile/step_<first>-<last>/   `profile.enabled`: traces and tables (trainer/profiler.py)
 RUN/model/  RUN/averageK/       exports (trainer/export.py)
-RUN/hf/  RUN/ct2-<quantization>/   Transformers and CTranslate2 exports (trainer/serve/)
+RUN/hf/  RUN/ct2-<quantization>/   Transformers and CTranslate2 exports (serve/)
 RUN/eval_<split>.json  RUN/<split>.hyp.txt   `evaluate`'s scores and translations
 RUN/job.sbatch  RUN/slurm.json  RUN/logs/slurm-<jobid>.out   `submit`
 RUN/logs/startup-failed-<jobid>.<restart>.<try>-node<n>.txt   a torchrun that started no rank

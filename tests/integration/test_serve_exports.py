@@ -1,7 +1,7 @@
 """Transformers and CTranslate2 exports of a model trained by the real trainer (DeepSpeed, 1 CPU
 rank, 300 steps on the synthetic task): the same logits, tokens and translations as ours.
 
-Which searches are compared, and why with length penalty 0, is in trainer/serve/__init__.py.
+Which searches are compared, and why with length penalty 0, is in serve/__init__.py.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from launch.cli import main
 from model.config import BOS_ID, EOS_ID, PAD_ID
 from model.search import beam_search, greedy_search
 from model.transformer import Transformer
+from serve.engine_ct2 import CT2Translator
+from serve.engine_hf import HFTranslator
+from serve.engine_paperscale import Translator, load_exported
 from tests.integration.conftest import ROOT, TINY_MODEL, paperscale
-from trainer.export import load_exported
-from trainer.inference import Translator
-from trainer.serve.engine_ct2 import CT2Translator
-from trainer.serve.engine_hf import HFTranslator
 
 pytestmark = [
     pytest.mark.slow,
@@ -53,7 +52,7 @@ class Served:
 
 class ScoredAsCT2(torch.nn.Module):
     """Our model scoring as CTranslate2 does: it removes <pad> and <s> before its softmax, so
-    its log-probabilities are renormalised over the other tokens (trainer/serve/__init__.py).
+    its log-probabilities are renormalised over the other tokens (serve/__init__.py).
     Ours and Transformers' are not. A trained model gives those two tokens little mass, but
     this small one 0.1-0.7 % per step (label smoothing spreads eps / V onto each of the 96
     pieces), which is enough to flip near-ties between its beams; so CTranslate2 is compared

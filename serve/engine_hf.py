@@ -3,10 +3,10 @@
 Text goes through the export's own sentencepiece model (`source.spm`, our spm.model) with our
 tokenizer, so ids and detokenised text are those of `paperscale translate` on our export.
 Search: `generate` with the beam, length penalty and `early_stopping=True` of model/search.py
-and `SearchRules` (trainer/serve/hf_rules.py) for its token rules and per-sentence length
+and `SearchRules` (serve/hf_rules.py) for its token rules and per-sentence length
 limits. With `--lenpen 0` (or `--beam 1`) the n-best lists and their scores are ours; with a
 length penalty alpha > 0 Transformers ranks finished hypotheses by score / |Y|^alpha where we
-use GNMT's ((5 + |Y|) / 6)^alpha (see trainer/serve/__init__.py).
+use GNMT's ((5 + |Y|) / 6)^alpha (see serve/__init__.py).
 """
 
 from __future__ import annotations
@@ -20,19 +20,8 @@ import torch.nn.functional as F
 
 from data_pipeline.tokenizer import Tokenizer
 from model.config import EOS_ID, PAD_ID
-from trainer.inference import token_batches
-from trainer.serve.optional import require
-
-MAX_LEN_A, MAX_LEN_B = 1.0, 50  # our Translator's limits (model.search defaults)
-
-
-def pad_sources(ids: list[list[int]], rows: list[int], device: torch.device) -> torch.Tensor:
-    """(B, S) PAD-padded sources for the sentences `rows` of `ids` (each ends with EOS)."""
-    longest = max(len(ids[i]) for i in rows)
-    src = torch.full((len(rows), longest), PAD_ID, dtype=torch.long)  # (B, S)
-    for r, i in enumerate(rows):
-        src[r, : len(ids[i])] = torch.tensor(ids[i])
-    return src.to(device)
+from serve.engine import MAX_LEN_A, MAX_LEN_B, Engine, Hypotheses, pad_sources
+from serve.optional import require
 
 
 def until_eos(row: list[int]) -> list[int]:
@@ -53,7 +42,7 @@ def greedy_scores(sequences: torch.Tensor, logits: tuple[torch.Tensor, ...], len
 
 
 @dataclass
-class HFTranslator:
+class HFTranslator(Engine):
     """A MarianMTModel export and our tokenizer over its spm model."""
 
     model: Any
@@ -73,7 +62,7 @@ class HFTranslator:
 
     def generate(self, src: torch.Tensor, beam: int, lenpen: float, nbest: int) -> Any:
         """`generate` on a (B, S) source batch with our rules; the raw generate output."""
-        from trainer.serve.hf_rules import rows_max, rules_for
+        from serve.hf_rules import rows_max, rules_for
 
         transformers = require("transformers")
         rules = rules_for(src, beam, MAX_LEN_A, MAX_LEN_B)
@@ -92,28 +81,14 @@ class HFTranslator:
             output_logits=beam == 1,
         )
 
-    def translate(
-        self,
-        lines: list[str],
-        *,
-        beam: int = 4,
-        lenpen: float = 0.6,
-        nbest: int = 1,
-        max_tokens: int = 4096,
-    ) -> list[list[tuple[str, float]]]:
-        """Each input line's n-best list of (detokenised text, score), in input order."""
-        ids = [[*seq, EOS_ID] for seq in self.tokenizer.encode(lines)]
-        results: list[list[tuple[str, float]]] = [[] for _ in lines]
-        with torch.inference_mode():
-            for chunk in token_batches(ids, max_tokens):
-                out = self.generate(pad_sources(ids, chunk, self.device), beam, lenpen, nbest)
-                tokens = [until_eos(row) for row in out.sequences.tolist()]  # B * nbest rows
-                if beam > 1:
-                    scores = out.sequences_scores.tolist()
-                else:
-                    scores = greedy_scores(out.sequences, out.logits, lenpen)
-                texts = self.tokenizer.decode(tokens)
-                for r, i in enumerate(chunk):
-                    rows = range(r * nbest, (r + 1) * nbest)
-                    results[i] = [(texts[j], scores[j]) for j in rows]
-        return results
+    def search(
+        self, ids: list[list[int]], rows: list[int], beam: int, lenpen: float, nbest: int
+    ) -> list[Hypotheses]:
+        out = self.generate(pad_sources(ids, rows, self.device), beam, lenpen, nbest)
+        tokens = [until_eos(row) for row in out.sequences.tolist()]  # B * nbest rows
+        if beam > 1:
+            scores = out.sequences_scores.tolist()
+        else:
+            scores = greedy_scores(out.sequences, out.logits, lenpen)
+        pairs = list(zip(tokens, scores, strict=True))
+        return [pairs[r * nbest : (r + 1) * nbest] for r in range(len(rows))]

@@ -6,7 +6,7 @@ import importlib
 import warnings
 from types import ModuleType
 
-from trainer.export import ExportError
+from serve.formats import ExportError
 
 
 class MissingExtra(ExportError):

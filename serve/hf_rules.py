@@ -21,7 +21,7 @@ import math
 from torch import Tensor
 
 from model.config import BOS_ID, EOS_ID, PAD_ID
-from trainer.serve.optional import require
+from serve.optional import require
 
 LogitsProcessor = require("transformers").LogitsProcessor
 

@@ -2,8 +2,8 @@
 
 The output loads with `MarianMTModel.from_pretrained(DIR)` and `MarianTokenizer` /
 `AutoTokenizer.from_pretrained(DIR)` and nothing of this project: config.json (MarianConfig),
-generation_config.json, model.safetensors (weights mapped by trainer/serve/hf_layout.py) and
-the tokenizer files of trainer/serve/hf_tokenizer.py.
+generation_config.json, model.safetensors (weights mapped by serve/hf_layout.py) and
+the tokenizer files of serve/hf_tokenizer.py.
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ from pathlib import Path
 import torch
 
 from model.embedding import sinusoidal_positions
-from trainer.export import ExportError, load_exported
-from trainer.run_dir import TOKENIZER
-from trainer.serve.hf_layout import (
+from serve.engine_paperscale import load_exported
+from serve.formats import ExportError
+from serve.hf_layout import (
     LayoutError,
     generation_defaults,
     marian_config,
     marian_state_dict,
     sin_first_permutation,
 )
-from trainer.serve.hf_tokenizer import write_marian_tokenizer
-from trainer.serve.optional import require
+from serve.hf_tokenizer import write_marian_tokenizer
+from serve.optional import require
+from trainer.run_dir import TOKENIZER
 
 POSITION_KEYS = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
 

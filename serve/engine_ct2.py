@@ -16,7 +16,7 @@ Our rules in CTranslate2's terms:
 CTranslate2's beam search stops a sentence as ours does with `early_stop` (after `beam`
 finished hypotheses) when the length penalty is non-zero; with a zero penalty it stops as soon
 as the best candidate of a step is finished, which finds the same best hypothesis as ours with
-`early_stop=False`. See trainer/serve/__init__.py.
+`early_stop=False`. See serve/__init__.py.
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ import torch
 from data_pipeline.tokenizer import Tokenizer
 from model.config import EOS_ID
 from model.search import max_lengths
-from trainer.inference import token_batches
+from serve.engine import MAX_LEN_A, MAX_LEN_B, Engine, Hypotheses, pad_sources
+from serve.optional import require
 from trainer.run_dir import TOKENIZER
-from trainer.serve.engine_hf import MAX_LEN_A, MAX_LEN_B, pad_sources
-from trainer.serve.optional import require
 
 NEVER_GENERATED = [["<pad>"], ["<s>"]]
 
@@ -51,7 +50,7 @@ def compute_type_of(export_dir: Path) -> str:
 
 
 @dataclass
-class CT2Translator:
+class CT2Translator(Engine):
     """A CTranslate2 model, its vocabulary and our tokenizer over its spm model."""
 
     model: Any
@@ -73,9 +72,9 @@ class CT2Translator:
         )
         return cls(model, vocabulary, Tokenizer(export_dir / TOKENIZER), engine)
 
-    def search(
+    def search_limit(
         self, pieces: list[list[str]], limit: int, beam: int, lenpen: float, nbest: int
-    ) -> list[list[tuple[list[int], float]]]:
+    ) -> list[Hypotheses]:
         """translate_batch on sentences of one length limit: each one's n-best (ids, score)."""
         index = {piece: i for i, piece in enumerate(self.vocabulary)}
         results = self.model.translate_batch(
@@ -99,27 +98,15 @@ class CT2Translator:
             out.append(hyps)
         return out
 
-    def translate(
-        self,
-        lines: list[str],
-        *,
-        beam: int = 4,
-        lenpen: float = 0.6,
-        nbest: int = 1,
-        max_tokens: int = 4096,
-    ) -> list[list[tuple[str, float]]]:
-        """Each input line's n-best list of (detokenised text, score), in input order."""
-        ids = [[*seq, EOS_ID] for seq in self.tokenizer.encode(lines)]
-        results: list[list[tuple[str, float]]] = [[] for _ in lines]
-        for chunk in token_batches(ids, max_tokens):
-            src = pad_sources(ids, chunk, torch.device("cpu"))  # (B, S)
-            limits = max_lengths(src, MAX_LEN_A, MAX_LEN_B).tolist()
-            by_limit = sorted(zip(limits, chunk, strict=True))
-            for limit, group in groupby(by_limit, key=lambda pair: pair[0]):
-                rows = [i for _, i in group]
-                pieces = [[self.vocabulary[t] for t in ids[i][:-1]] for i in rows]  # no EOS
-                found = self.search(pieces, limit, beam, lenpen, nbest)
-                for i, hyps in zip(rows, found, strict=True):
-                    texts = self.tokenizer.decode([h[0] for h in hyps])
-                    results[i] = [(t, h[1]) for t, h in zip(texts, hyps, strict=True)]
-        return results
+    def search(
+        self, ids: list[list[int]], rows: list[int], beam: int, lenpen: float, nbest: int
+    ) -> list[Hypotheses]:
+        src = pad_sources(ids, rows, torch.device("cpu"))  # (B, S)
+        limits = max_lengths(src, MAX_LEN_A, MAX_LEN_B).tolist()
+        found: dict[int, Hypotheses] = {}
+        for limit, group in groupby(sorted(zip(limits, rows, strict=True)), key=lambda p: p[0]):
+            same = [i for _, i in group]
+            pieces = [[self.vocabulary[t] for t in ids[i][:-1]] for i in same]  # no EOS
+            hyps = self.search_limit(pieces, limit, beam, lenpen, nbest)
+            found.update(zip(same, hyps, strict=True))
+        return [found[i] for i in rows]

@@ -1,6 +1,6 @@
 """`paperscale export --format ctranslate2`: the Transformers export through CTranslate2.
 
-CTranslate2's `TransformersConverter` reads the MarianMTModel of trainer/serve/export_hf.py.
+CTranslate2's `TransformersConverter` reads the MarianMTModel of serve/export_hf.py.
 Its Marian loader assumes two things of the Marian checkpoints it was written for, neither of
 which holds for ours, so three settings of the converted spec are put back:
 
@@ -25,9 +25,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from serve.formats import QUANTIZATIONS
+from serve.optional import require
 from trainer.run_dir import TOKENIZER
-from trainer.serve.formats import QUANTIZATIONS
-from trainer.serve.optional import require
 
 
 def _converter(hf_dir: Path) -> Any:

@@ -165,7 +165,7 @@ def generation_defaults(cfg: ModelConfig) -> dict[str, Any]:
     the length limit, PAD and BOS never generated (as in model/search.py).
 
     `length_penalty` is Transformers' own (score / length^alpha), not our GNMT penalty; see
-    trainer/serve/__init__.py for what matches exactly.
+    serve/__init__.py for what matches exactly.
     """
     return {
         "decoder_start_token_id": BOS_ID,

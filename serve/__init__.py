@@ -1,10 +1,12 @@
-"""Serving a trained model through Transformers and CTranslate2 (the optional `serve` extra).
+"""Serving a trained model: our own engine, and Transformers and CTranslate2 (the optional
+`serve` extra) on exports converted from ours.
 
-formats (which export a directory holds), hf_layout (our weights as MarianMTModel's: names,
-one permutation of the model dimension, config), hf_tokenizer (our spm model as
-MarianTokenizer's files), export_hf / export_ct2 / export_run (`paperscale export --format`),
-hf_rules (our search rules as a logits processor), engine_hf / engine_ct2 (translators with
-the interface of trainer.inference.Translator), engines (one loader for any export).
+engine (what every engine shares: batches, one `translate()`), engine_paperscale (our export
+under model/search.py), formats (which export a directory holds), hf_layout (our weights as
+MarianMTModel's: names, one permutation of the model dimension, config), hf_tokenizer (our spm
+model as MarianTokenizer's files), export_hf / export_ct2 / export_run (`paperscale export
+--format`), hf_rules (our search rules as a logits processor), engine_hf / engine_ct2 (their
+searches under our rules), engines (one loader for any export).
 
 The exported networks compute our logits (to float rounding, ~1e-6). How the three searches
 compare, with model/search.py's vocabulary (beam K, length penalty alpha, |Y| the output

@@ -1,7 +1,7 @@
 """One loader for every kind of export: our model, Transformers or CTranslate2.
 
 `paperscale translate` and `evaluate` take any export directory; `AnyExport.load` picks the
-engine from the files it holds (trainer/serve/formats.py), and `engine_line` names it.
+engine from the files it holds (serve/formats.py); its `.engine` names it.
 """
 
 from __future__ import annotations
@@ -9,10 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from trainer.export import ExportError
-from trainer.serve.formats import CTRANSLATE2, PAPERSCALE, TRANSFORMERS, export_format
+from serve.formats import CTRANSLATE2, PAPERSCALE, TRANSFORMERS, ExportError, export_format
 
 
 class AnyExport:
@@ -23,15 +20,15 @@ class AnyExport:
     def load(export_dir: Path, device: str = "cpu") -> Any:
         kind = export_format(export_dir)
         if kind == PAPERSCALE:
-            from trainer.inference import Translator
+            from serve.engine_paperscale import Translator
 
             return Translator.load(export_dir, device)
         if kind == TRANSFORMERS:
-            from trainer.serve.engine_hf import HFTranslator
+            from serve.engine_hf import HFTranslator
 
             return _loaded_or_one_line(HFTranslator.load, export_dir, device)
         if kind == CTRANSLATE2:
-            from trainer.serve.engine_ct2 import CT2Translator
+            from serve.engine_ct2 import CT2Translator
 
             return _loaded_or_one_line(CT2Translator.load, export_dir, device)
         raise ExportError(f"{export_dir} is not an export directory")
@@ -47,11 +44,3 @@ def _loaded_or_one_line(load: Any, export_dir: Path, device: str) -> Any:
         text = str(exc).strip()
         first = text.splitlines()[0] if text else type(exc).__name__
         raise ExportError(f"{export_dir} cannot be loaded: {first[:200]}") from None
-
-
-def engine_line(translator: Any) -> str:
-    """One line naming the engine a translator runs on."""
-    engine = getattr(translator, "engine", None)
-    if engine is not None:
-        return str(engine)
-    return f"paperscale (torch {torch.__version__}, {translator.device})"

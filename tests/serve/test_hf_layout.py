@@ -13,13 +13,13 @@ from transformers import MarianConfig, MarianMTModel
 from model.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from model.embedding import sinusoidal_positions
 from model.transformer import Transformer
-from trainer.serve.hf_layout import (
+from serve.hf_layout import (
     LayoutError,
     marian_config,
     marian_state_dict,
     sin_first_permutation,
 )
-from trainer.serve.hf_rules import SearchRules
+from serve.hf_rules import SearchRules
 
 
 @pytest.fixture(autouse=True)

@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+
+class ExportError(ValueError):
+    """An export directory that cannot be loaded; `str()` is one line naming the file."""
+
+
 PAPERSCALE = "paperscale"  # trainer/export.py: model.safetensors + model.json
-TRANSFORMERS = "transformers"  # trainer/serve/export_hf.py: a MarianMTModel directory
-CTRANSLATE2 = "ctranslate2"  # trainer/serve/export_ct2.py: model.bin + shared vocabulary
+TRANSFORMERS = "transformers"  # serve/export_hf.py: a MarianMTModel directory
+CTRANSLATE2 = "ctranslate2"  # serve/export_ct2.py: model.bin + shared vocabulary
 
 # CTranslate2 weight types that `paperscale export --quantization` offers (its converter's).
 QUANTIZATIONS = (

@@ -9,9 +9,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from serve.formats import CTRANSLATE2, PAPERSCALE, TRANSFORMERS
 from trainer.export import export_run
 from trainer.run_dir import RunDir
-from trainer.serve.formats import CTRANSLATE2, PAPERSCALE, TRANSFORMERS
 
 FORMAT_NAMES = {"paperscale": PAPERSCALE, "hf": TRANSFORMERS, "ctranslate2": CTRANSLATE2}
 
@@ -39,7 +39,7 @@ def export_run_as(
     `fmt`; returns the tags used."""
     if fmt == PAPERSCALE:
         return export_run(run_dir, out_dir, tag=tag, last=last)
-    from trainer.serve.export_hf import export_hf
+    from serve.export_hf import export_hf
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="paperscale-export-") as tmp:
@@ -48,7 +48,7 @@ def export_run_as(
         if fmt == TRANSFORMERS:
             export_hf(ours, out_dir)
         else:
-            from trainer.serve.export_ct2 import export_ct2
+            from serve.export_ct2 import export_ct2
 
             export_hf(ours, RunDir(Path(tmp)).hf_export)
             export_ct2(RunDir(Path(tmp)).hf_export, out_dir, quantization)
