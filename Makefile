@@ -15,7 +15,7 @@ FAIRSEQ ?= fairseq-fixed==0.12.3.1
 BY_SOURCE ?= corpus/debian-ende-by-source
 export OMP_NUM_THREADS ?= 1
 export WANDB_SILENT := true
-# DeepSpeed's JIT-compiled ops live in the venv (built once by `make venv`, see trainer/ds_ops.py).
+# DeepSpeed's JIT-compiled ops live in the venv (built once by `make venv`, see trainer/ds/ops.py).
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 .PHONY: venv test test-fast demo bench fairseq-venv lint format clean
@@ -33,7 +33,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.ds_ops: $(VENV)/.installed
-	$(PY) -m trainer.ds_ops
+	$(PY) -m trainer.ds.ops
 	touch $@
 
 lint: venv

@@ -1,5 +1,5 @@
 """Checkpoint size and save / load time of a preset (default: the paper's base model), against
-`paperscale plan`'s estimate of both (launch/plan_save.py).
+`paperscale plan`'s estimate of both (launch/cost_model/save.py).
 
 Run under torchrun so every rank writes its ZeRO partition, e.g.
 
@@ -7,7 +7,7 @@ Run under torchrun so every rank writes its ZeRO partition, e.g.
         --standalone --nproc_per_node=2 bench/checkpoint.py --config configs/base.yaml
 
 One optimizer step on random tokens fills the Adam moments, then the real save path
-(trainer.checkpointer.CheckpointManager.save: DeepSpeed files, per-rank state, `latest`
+(trainer.checkpoint.manager.CheckpointManager.save: DeepSpeed files, per-rank state, `latest`
 last) is timed, and the restore path after it. Then background saves (train.async_save) and
 synchronous ones alternate: the stall (until `save` returns, the state copied to host memory)
 and the time until the checkpoint is published, against a synchronous save, best of each
@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
 from launch.config import load_config
-from launch.plan_save import save_plan
+from launch.cost_model.save import save_plan
 from model.config import ModelConfig
 from model.loss import label_smoothed_loss
-from trainer.checkpointer import CheckpointManager
+from trainer.checkpoint.manager import CheckpointManager
 from trainer.dist import init_distributed
-from trainer.engine import build_engine
+from trainer.ds.engine import build_engine
 from trainer.run_dir import RunDir
 from trainer.state import RngState, TrainState
 

@@ -72,13 +72,13 @@ def write_rows(path: str | os.PathLike[str] | None, rows: Sequence[Row]) -> None
 
 def settle_precision(job: Any, env: Any, model_cfg: Any) -> Any:
     """The job with `train.precision` as a training run would settle it on this machine
-    (`auto` -> bf16 / fp16 / fp32, trainer.setup.agree_on_precision, the same on every rank).
+    (`auto` -> bf16 / fp16 / fp32, trainer.settle.agree_on_precision, the same on every rank).
 
     A bench that builds its own engine must do this: the DeepSpeed config treats any value
     other than bf16/fp16 as fp32, and the checkpoint size estimate and the planner need the
     real precision.
     """
-    from trainer.setup import agree_on_precision
+    from trainer.settle import agree_on_precision
 
     choice = agree_on_precision(job, env, model_cfg, None)
     if choice.precision == job.train.precision:

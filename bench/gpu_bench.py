@@ -3,7 +3,7 @@
     python bench/gpu_bench.py --config configs/big.yaml --tokens 25000 --out ROWS.jsonl \\
         [--device cuda|cpu] [--steps 20] [--warmup 5] [--lengths fixed|wmt14] [key=value ...]
 
-The trainer's own pieces (trainer.engine.build_engine, train_step, trainer.flops) on one rank,
+The trainer's own pieces (trainer.ds.engine.build_engine, train_step, trainer.flops) on one rank,
 fed micro-batches of random tokens with --tokens per side per step. `--lengths fixed` (the
 best case): every sentence --seq-len tokens, no padding, one batch shape. `--lengths wmt14`:
 sentence lengths drawn like WMT14 En-De's in BPE tokens (log-normal, median 24 tokens, a long
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> dict:
     from launch.config import load_config
     from model.config import ModelConfig
     from trainer.dist import init_distributed
-    from trainer.engine import PRECISION_DTYPES, build_engine, seed_everything
+    from trainer.ds.engine import PRECISION_DTYPES, build_engine, seed_everything
     from trainer.flops import peak_flops
     from trainer.step import batch_flops, train_step
 

@@ -13,7 +13,7 @@ that baseline (getrusage's maxrss, with glibc's malloc returning freed blocks at
 RETURN_FREED_MEMORY), so it counts every buffer the loss and its gradients hold at once,
 logits and their fp32 copy included. The same losses and gradients are
 checked by tests/model/test_loss.py; this bench measures only memory, and sets the chunked
-loss's peak beside what `paperscale plan` counts for it (launch/plan_activations.py).
+loss's peak beside what `paperscale plan` counts for it (launch/cost_model/activations.py).
 
 `--smoke`: d_model 32, vocabulary 8,000, 4,096 tokens (seconds).
 """
@@ -99,7 +99,7 @@ def child_run(variant: str, tokens: int, d_model: int, vocab: int, dtype: str) -
 def plan_chunked_mib(tokens: int, d_model: int, vocab: int, dtype: str) -> float:
     """What `paperscale plan` counts for the chunked loss of `tokens` target positions: its
     per-token term (the decoder states' gradient) and its work space."""
-    from launch.plan_activations import activation_bytes_per_token, loss_workspace_bytes
+    from launch.cost_model.activations import activation_bytes_per_token, loss_workspace_bytes
     from model.config import ModelConfig
 
     cfg = ModelConfig(vocab_size=vocab, d_model=d_model)

@@ -64,7 +64,7 @@ from data_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer  #
 from launch.config import load_config  # noqa: E402
 from model.config import ModelConfig  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
-from trainer.engine import resolve_model_config, seed_everything  # noqa: E402
+from trainer.ds.engine import resolve_model_config, seed_everything  # noqa: E402
 from trainer.schedule import build_scheduler, inverse_sqrt_lr  # noqa: E402
 
 WORLD = 2  # paperscale ranks; fairseq: one process with as many threads

@@ -8,7 +8,7 @@ its overheads per optimizer step and per micro-batch, written to the file that
 
 One process is one rank (run it with the threads a rank gets: OMP_NUM_THREADS=1 for the CPU
 ranks `paperscale train` starts, each on a core), in a world of one. It steps the trainer's own
-engine and step on the config's model: trainer.engine.build_engine (DeepSpeed, the config's
+engine and step on the config's model: trainer.ds.engine.build_engine (DeepSpeed, the config's
 ZeRO stage, fused Adam, the attention kernel `train.attention` resolves to) and
 trainer.step.train_step, in the precision `train.precision: auto` settles on here, as a run
 would. Batches are random tokens, `--seq-len` long on both sides, no padding, so a micro-batch of
@@ -58,10 +58,10 @@ from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precisio
 from bench.suite import cpu_model
 from data_pipeline.batching import Batch
 from launch.config import load_config
-from launch.plan_speed import CALIBRATION_FORMAT
+from launch.cost_model.speed import CALIBRATION_FORMAT
 from model.config import ModelConfig
 from trainer.dist import init_distributed
-from trainer.engine import build_engine, seed_everything
+from trainer.ds.engine import build_engine, seed_everything
 from trainer.flops import gpu_spec, largest_matmuls, step_flops
 from trainer.kernels import resolve_attention
 from trainer.step import train_step
@@ -70,7 +70,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class Rank:
-    """One rank of the trainer: its DeepSpeed engine (trainer/engine.py) and its optimizer
+    """One rank of the trainer: its DeepSpeed engine (trainer/ds/engine.py) and its optimizer
     step (trainer/step.py), in a world of one, stepping on random batches."""
 
     def __init__(self, job: Any, cfg: ModelConfig, device: str, clock: str) -> None:

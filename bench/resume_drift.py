@@ -30,7 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import add_output_arguments, row, write_rows
-from trainer.safe_load import forbid_code_in_checkpoints
+from trainer.checkpoint.safe_load import forbid_code_in_checkpoints
 
 
 def build(optimizer: str) -> Any:

@@ -29,7 +29,7 @@ from data_pipeline.batching import Batch
 from launch.config import load_config
 from model.config import BOS_ID, EOS_ID
 from trainer.dist import init_distributed
-from trainer.engine import build_engine
+from trainer.ds.engine import build_engine
 from trainer.metrics import (
     JsonlSink,
     MetricsLogger,

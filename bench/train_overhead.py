@@ -5,7 +5,7 @@
         [--windows 5] [--steps 10] [--smoke] [--json PATH] [key=value ...]
 
 One process (a world of one). The paperscale side is the trainer's own step: the DeepSpeed
-engine from trainer.engine.build_engine (ZeRO and accumulation as configured), batches
+engine from trainer.ds.engine.build_engine (ZeRO and accumulation as configured), batches
 streamed by data_pipeline's TokenBatchStream from real shards, trainer.step.train_step, the
 per-step window sums and host-side FLOPs, and every `train.log_every` steps the all-reduce and
 a metrics.jsonl line through MetricsLogger. The bare side is the same Transformer in plain
@@ -57,7 +57,7 @@ from data_pipeline.tokenizer import Tokenizer  # noqa: E402
 from launch.config import load_config  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
 from trainer.dist import init_distributed  # noqa: E402
-from trainer.engine import build_engine, resolve_model_config, seed_everything  # noqa: E402
+from trainer.ds.engine import build_engine, resolve_model_config, seed_everything  # noqa: E402
 from trainer.metrics import JsonlSink, MetricsLogger, Throughput  # noqa: E402
 from trainer.step import batch_flops, skipped_counts, train_step  # noqa: E402
 

@@ -4,17 +4,17 @@
         --config configs/base.yaml [--worlds 1 2] [--bucket-elements N] [key=value ...]
 
 For each world size one `torchrun` starts that many CPU ranks (gloo); each rank builds the real
-DeepSpeed engine (trainer.engine.build_engine) for stages 0, 1, 2 and 3 in turn, runs two
+DeepSpeed engine (trainer.ds.engine.build_engine) for stages 0, 1, 2 and 3 in turn, runs two
 optimizer steps of two micro-batches on random tokens, and after every backward and every
 step sums the storage bytes of the tensors that are alive and were not before the engine was
 built: what the garbage collector tracks plus everything reachable from the engine's optimizer
 and the module's parameters (`.grad`, ZeRO 3's `ds_tensor`), each storage counted once. The
 largest of those sums is the measured resident memory of parameters, gradients, optimizer
-states and DeepSpeed's persistent buffers. The prediction is launch.plan's `resident` bytes
-plus the module buffers. Transient allocations inside backward/step (the ZeRO 1/2 reduce
-bucket, fp32 gradient copies) are outside both figures.
+states and DeepSpeed's persistent buffers. The prediction is launch.cost_model.plan's
+`resident` bytes plus the module buffers. Transient allocations inside backward/step (the
+ZeRO 1/2 reduce bucket, fp32 gradient copies) are outside both figures.
 
-`--bucket-elements` replaces trainer.ds_config.BUCKET_ELEMENTS in the engines and the
+`--bucket-elements` replaces trainer.ds.config.BUCKET_ELEMENTS in the engines and the
 prediction alike: at the default 5e8, ZeRO 3's resident 1 GB reduce bucket would dwarf a small
 model's states.
 
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import Row, add_output_arguments, row, settle_precision, write_rows  # noqa: E402
 from launch.config import load_config  # noqa: E402
-from launch.plan import (  # noqa: E402
+from launch.cost_model.plan import (  # noqa: E402
     Buckets,
     model_state_bytes,
     module_buffer_bytes,
@@ -116,7 +116,7 @@ def live_storages(*roots: Any) -> dict[int, int]:
 def measure_stage(job: Any, model_cfg: ModelConfig, env: Any, stage: int) -> dict[str, float]:
     """Build the engine for `stage`, train two steps, return the largest new resident bytes."""
     from model.loss import label_smoothed_loss
-    from trainer.engine import build_engine
+    from trainer.ds.engine import build_engine
 
     job.train.zero_stage = stage
     torch.manual_seed(1)
@@ -146,8 +146,8 @@ def measure_stage(job: Any, model_cfg: ModelConfig, env: Any, stage: int) -> dic
 
 
 def predicted_bytes(model_cfg: ModelConfig, stage: int, world: int, precision: str) -> float:
-    """launch.plan's resident model states plus module buffers for this rank."""
-    from trainer import ds_config
+    """launch.cost_model.plan's resident model states plus module buffers for this rank."""
+    from trainer.ds import config as ds_config
 
     elems = ds_config.BUCKET_ELEMENTS
     buckets = Buckets(elems, elems, elems, 100_000)
@@ -159,8 +159,8 @@ def predicted_bytes(model_cfg: ModelConfig, stage: int, world: int, precision: s
 
 def worker(args: argparse.Namespace) -> None:
     """One rank: every stage in turn; rank 0 appends its rows to --out."""
-    from trainer import ds_config
     from trainer.dist import init_distributed
+    from trainer.ds import config as ds_config
 
     if args.bucket_elements:
         ds_config.BUCKET_ELEMENTS = args.bucket_elements

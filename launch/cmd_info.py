@@ -1,4 +1,4 @@
-"""Looking at runs: `status` and `report` (`plan` is launch/plan_cmd.py)."""
+"""Looking at runs: `status` and `report` (`plan` is launch/cmd_plan.py)."""
 
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ def damage_warning(text: Any, split: str) -> str:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from data_pipeline.loader import read_manifest
     from data_pipeline.text import SplitDamaged, read_split
-    from launch.evaluation import format_examples, pick_examples, score
+    from launch.scoring import format_examples, pick_examples, score
     from serve.engines import AnyExport
 
     check_decode_args(args)

@@ -138,7 +138,7 @@ def preempted_exit_code(run_dir: Path) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from launch.slurm import SubmitError, submit
+    from launch.slurm.submit import SubmitError, submit
 
     try:
         return submit(args)

@@ -7,8 +7,8 @@ import argparse
 from launch.cmd_data import cmd_corpus, cmd_prepare
 from launch.cmd_info import cmd_report, cmd_status
 from launch.cmd_model import cmd_evaluate, cmd_export, cmd_translate
+from launch.cmd_plan import cmd_plan
 from launch.cmd_train import cmd_submit, cmd_train
-from launch.plan_cmd import cmd_plan
 from serve.formats import QUANTIZATIONS
 
 Subparsers = argparse._SubParsersAction  # the object add_subparsers returns

@@ -74,7 +74,7 @@ def check_same_run(job: JobConfig, meta: dict[str, Any], tag: str) -> None:
 
 def check_files_load(tag_dir: Path) -> None:
     """Every .pt file must read as a weights-only torch file (nothing unpickled runs code)."""
-    from trainer.safe_load import check_loadable
+    from trainer.checkpoint.safe_load import check_loadable
 
     files = sorted(tag_dir.glob("*.pt"))
     if not files:

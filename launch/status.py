@@ -54,7 +54,7 @@ def run_precision(run: RunDir) -> str | None:
 
 def slurm_status(run_dir: Path) -> dict[str, Any] | None:
     """The scheduler's state of the job `paperscale submit` recorded for this run, if any."""
-    from launch.slurm import job_state, read_record
+    from launch.slurm.submit import job_state, read_record
 
     record = read_record(run_dir)
     return None if record is None else job_state(str(record["job_id"]))

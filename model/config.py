@@ -11,7 +11,7 @@ BOS_ID = 2
 EOS_ID = 3
 
 # Logits per chunk of the training loss (model/loss.py): 64 MiB in fp32. Here, not in
-# model/loss.py, so that the planner (launch/plan_activations.py) reads it without torch.
+# model/loss.py, so that the planner (launch/cost_model/activations.py) reads it without torch.
 LOSS_CHUNK_ELEMENTS = 2**24
 
 

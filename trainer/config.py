@@ -99,7 +99,7 @@ class TrainConfig:
     save_every_minutes: float = 0.0  # wall-clock minutes on rank 0; 0 = off
     keep_last: int = 5
     # Saves before the last one copy the state to host memory and write it in the background
-    # (trainer/async_save.py): the loop waits for the copy only; published when written.
+    # (trainer/checkpoint/background.py): the loop waits for the copy only; published when written.
     async_save: bool = False
     device: str = "auto"  # auto | cpu | cuda
     activation_checkpointing: bool = False  # recompute each layer in backward to save memory

@@ -33,7 +33,7 @@ def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
     """fp32 master weights merged from every rank's optimizer partition."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from trainer.safe_load import forbid_code_in_checkpoints
+    from trainer.checkpoint.safe_load import forbid_code_in_checkpoints
 
     forbid_code_in_checkpoints()
     if not any(tag_dir.glob("*optim_states.pt")):  # ZeRO stage 0: no optimizer partitions
@@ -108,7 +108,7 @@ def write_export(
 
 
 def export_checkpoint(tag_dir: Path, out_dir: Path, spm_model: Path) -> Path:
-    """Export one checkpoint directory (as written by trainer.checkpointer)."""
+    """Export one checkpoint directory (as written by trainer.checkpoint.manager)."""
     meta = CheckpointDir(tag_dir.parent).read_meta(tag_dir.name)
     write_export(
         out_dir, consolidated_state_dict(tag_dir), meta["model"], meta["config"], spm_model

@@ -21,20 +21,19 @@ from data_pipeline.loader import TokenBatchStream
 from data_pipeline.manifest import tokenizer_path
 from trainer import attempts
 from trainer.budget import Budget
-from trainer.checkpoint import CheckpointError
-from trainer.checkpointer import CheckpointManager, export_source
+from trainer.checkpoint.disk import CheckpointError
+from trainer.checkpoint.manager import CheckpointManager, export_source
+from trainer.checkpoint.safe_load import forbid_code_in_checkpoints
 from trainer.dist import DistEnv, broadcast_str, init_distributed
-from trainer.ds_config import step_guards_update
-from trainer.engine import build_engine, seed_everything
-from trainer.evaluate import Evaluator
+from trainer.ds.config import step_guards_update
+from trainer.ds.engine import build_engine, seed_everything
 from trainer.export import export_checkpoint
 from trainer.faults import Faults
 from trainer.metrics import MetricsLogger, Throughput, memory_metrics, stderr_warn
 from trainer.profiler import StepProfiler
 from trainer.report import write_report_or_warn
 from trainer.run_dir import RunDir, tag_for
-from trainer.safe_load import forbid_code_in_checkpoints
-from trainer.setup import PrecisionError, SettledJob, cluster_peak_flops, settle_job
+from trainer.settle import PrecisionError, SettledJob, cluster_peak_flops, settle_job
 from trainer.signals import EXIT_NONFINITE, EXIT_SAVE_FAILED, LoopGuard, StopRequest, Watchdog
 from trainer.sinks import open_sinks
 from trainer.state import DataPosition, RngState, TrainState, rng_preserved
@@ -47,6 +46,7 @@ from trainer.step import (
     train_step,
 )
 from trainer.step_time import REGION_DATA
+from trainer.validation import Evaluator
 
 __all__ = ["PrecisionError", "train"]
 

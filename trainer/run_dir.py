@@ -263,7 +263,7 @@ class RunDir:
 
     def startup_failure(self, job_id: str, restart: str, attempt_try: int, node_id: str) -> Path:
         """Why torchrun on node `node_id` ended before starting a rank, in try `attempt_try`
-        of restart `restart` of job `job_id` (launch/rendezvous.py)."""
+        of restart `restart` of job `job_id` (launch/slurm/rendezvous.py)."""
         return self.logs / f"startup-failed-{job_id}.{restart}.{attempt_try}-node{node_id}.txt"
 
     def startup_failures(self, job_id: str, restart: str, attempt_try: int) -> list[Path]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.engine import Job
+from trainer.ds.engine import Job
 from trainer.metrics import (
     ConsoleSink,
     JsonlSink,

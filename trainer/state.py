@@ -6,7 +6,7 @@
 - `DataPosition`: this rank's position in the training stream (data_pipeline/loader.py); on a
   resume it takes the positions of *all* ranks of the saving run, whatever their number.
 
-The checkpoint manager (trainer/checkpointer.py) saves and restores them; nothing else builds
+The checkpoint manager (trainer/checkpoint/manager.py) saves and restores them; nothing else builds
 their dicts.
 """
 

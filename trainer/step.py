@@ -51,7 +51,7 @@ def train_step(
     micro-batch i, before the last; it must agree across ranks) drops the step in flight before
     the optimizer update. Either way `completed` is False and the engine's weights and optimizer
     are those of the last finished step. `guard`: the step keeps a non-finite loss from
-    updating (trainer/ds_config.py `step_guards_update`; false where DeepSpeed checks itself).
+    updating (trainer/ds/config.py `step_guards_update`; false where DeepSpeed checks itself).
     """
     host = torch.tensor([sum(b.n_tgt_tokens for b in batches), *map(float, flags)])
     counts = host.to(env.device, torch.float64, non_blocking=True)
@@ -95,7 +95,7 @@ def torch_optimizer(engine: Any) -> torch.optim.Optimizer | None:
 
 
 def guard_update(engine: Any, sums: torch.Tensor) -> torch.optim.Optimizer | None:
-    """Before the step's update: where torch's fused Adam runs (trainer/ds_config.py
+    """Before the step's update: where torch's fused Adam runs (trainer/ds/config.py
     `skips_nonfinite_steps`), give it `found_inf`, 1.0 when the step's loss was not finite on
     some rank, so that the update, Adam's moments and its step count stay as they were. One
     one-element all-reduce on the device, no host read (DeepSpeed's own overflow check, which

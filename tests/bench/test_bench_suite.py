@@ -77,8 +77,8 @@ def _zero_memory_within_plan(outcome: suite.Outcome) -> None:
     """The planner's per-rank model-state memory against what real DeepSpeed engines allocate:
     one torchrun per world size (1 and 2 CPU ranks) builds the real engine for ZeRO 0-3; the
     measured resident bytes of parameters, gradients and optimizer states must be within 20% of
-    launch.plan's prediction in all eight cases, and partitioning is real: on 2 ranks every
-    ZeRO stage >= 1 holds less than stage 0."""
+    launch.cost_model.plan's prediction in all eight cases, and partitioning is real: on 2 ranks
+    every ZeRO stage >= 1 holds less than stage 0."""
     cases = [r for r in outcome.rows if "stage" in r]  # value: measured / predicted
     assert sorted((r["world"], r["stage"]) for r in cases) == [
         (w, s) for w in (1, 2) for s in range(4)
@@ -153,7 +153,7 @@ def _preemption_within_grace(outcome: suite.Outcome) -> None:
 
 def _chunked_loss_holds_less(outcome: suite.Outcome) -> None:
     """In every dtype measured the chunked loss peaks lower than the plain one, and within 15 %
-    of what `paperscale plan` counts for it (launch/plan_activations.py)."""
+    of what `paperscale plan` counts for it (launch/cost_model/activations.py)."""
     cases = {(r["figure"], r["dtype"]): r["value"] for r in outcome.rows}
     assert ("peak, plain loss", "fp32") in cases
     for (figure, dtype), value in cases.items():

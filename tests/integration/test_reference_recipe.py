@@ -21,7 +21,7 @@ from model.config import ModelConfig
 from model.transformer import Transformer
 from tests.integration.conftest import TINY_MODEL
 from tests.integration.test_zero_stages import ROOT, losses, train
-from trainer.engine import seed_everything
+from trainer.ds.engine import seed_everything
 from trainer.schedule import build_scheduler
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

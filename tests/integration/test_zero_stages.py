@@ -50,11 +50,11 @@ def test_stage3_trains_and_resumes_exactly(synthetic_data: Path, tmp_path: Path)
 
 
 def initial_weights() -> dict[str, torch.Tensor]:
-    """The seeded initial weights every run of TINY_MODEL starts from (trainer/engine.py)."""
+    """The seeded initial weights every run of TINY_MODEL starts from (trainer/ds/engine.py)."""
     from launch.config import load_config
     from model.config import ModelConfig
     from model.transformer import Transformer
-    from trainer.engine import seed_everything
+    from trainer.ds.engine import seed_everything
 
     job = load_config(ROOT / "configs/tiny.yaml", [*TINY_MODEL, "model.vocab_size=96"])
     seed_everything(job.train.seed)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launch.evaluation import format_examples, pick_examples, score
+from launch.scoring import format_examples, pick_examples, score
 
 
 def test_examples_prefer_whole_sentences_spread_over_the_split() -> None:

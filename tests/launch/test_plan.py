@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.plan import (
+from launch.cost_model.activations import loss_workspace_bytes, per_token_bytes
+from launch.cost_model.plan import (
     BATCH_TOLERANCE,
     GIB,
     Buckets,
@@ -24,7 +25,6 @@ from launch.plan import (
     recommend_stage,
     stage_plan,
 )
-from launch.plan_activations import loss_workspace_bytes, per_token_bytes
 from model.config import LOSS_CHUNK_ELEMENTS, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def test_partitioned_terms_scale_one_over_world() -> None:
 
 
 def test_buckets_come_from_the_ds_config() -> None:
-    from trainer.ds_config import BUCKET_ELEMENTS
+    from trainer.ds.config import BUCKET_ELEMENTS
 
     s1 = model_state_bytes(10**6, 1, 2)
     s3 = model_state_bytes(10**6, 3, 2)
@@ -225,7 +225,7 @@ def test_cli_without_gpu_states_its_assumption() -> None:
 def test_checkpoint_bytes_match_what_deepspeed_writes() -> None:
     """14.0 bytes per parameter measured for bf16 ZeRO 2 (2 + 12); rank 0's node writes the
     module's weights and its ranks' optimizer partitions."""
-    from launch.plan_save import fits_grace, save_plan
+    from launch.cost_model.save import fits_grace, save_plan
 
     p = 63_000_000
     z2 = save_plan(p, 2, world=8, ranks_per_node=8, precision="bf16")

@@ -1,5 +1,5 @@
 """The planner's micro-batch: the largest that fits the memory model, with the accumulation then
-chosen for the step's target (launch/plan.py: choose_batch)."""
+chosen for the step's target (launch/cost_model/plan.py: choose_batch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from launch.plan import BATCH_TOLERANCE, Machine, choose_batch, make_plan
+from launch.cost_model.plan import BATCH_TOLERANCE, Machine, choose_batch, make_plan
 from model.config import ModelConfig
 
 BIG = ModelConfig(vocab_size=37000, d_model=1024, n_heads=16, d_ff=4096)

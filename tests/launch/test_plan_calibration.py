@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import SMOKE_MODEL, check_rows
-from launch.plan_speed import CALIBRATION_FORMAT, load_calibration
+from launch.cost_model.speed import CALIBRATION_FORMAT, load_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
 # the smoke run's model and batch (bench/plan_calibration.py --smoke), for the plan to match

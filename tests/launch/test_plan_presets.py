@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from launch.config import JobConfig, load_config
-from launch.plan import Machine, make_plan
-from launch.plan_quality import ANCHORS, model_kind, pick_anchor
+from launch.cost_model.plan import Machine, make_plan
+from launch.cost_model.quality import ANCHORS, model_kind, pick_anchor
 from model.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]

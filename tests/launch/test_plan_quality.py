@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.plan import Machine, make_plan, step_time
-from launch.plan_quality import ANCHORS, Anchor, model_kind, pick_anchor, time_to_quality
+from launch.cost_model.plan import Machine, make_plan, step_time
+from launch.cost_model.quality import ANCHORS, Anchor, model_kind, pick_anchor, time_to_quality
 from model.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from launch.cluster import ClusterProfile
 from launch.config import load_config, to_yaml
-from launch.rendezvous import TRIES, first_error, free_port, port_for_try
-from launch.slurm_script import batch_script
+from launch.slurm.cluster import ClusterProfile
+from launch.slurm.rendezvous import TRIES, first_error, free_port, port_for_try
+from launch.slurm.script import batch_script
 from tests.integration.conftest import cli_env
 from trainer.run_dir import RunDir
 
@@ -34,7 +34,7 @@ torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connecti
 def test_script_takes_a_free_port_for_every_try_never_one_from_the_job_id() -> None:
     text = batch_script("r", Path("/runs/r"), ClusterProfile(), Path("/w"), "/py")
     assert "SLURM_JOB_ID %" not in text and "MASTER_PORT=$((" not in text
-    assert 'MASTER_PORT="$(/py -m launch.slurm_job port --try="$tries")" || exit $?' in text
+    assert 'MASTER_PORT="$(/py -m launch.slurm.job port --try="$tries")" || exit $?' in text
     # the port is chosen inside the loop, after the tries counter moved on
     loop = text.index("while :; do")
     assert (
@@ -43,7 +43,7 @@ def test_script_takes_a_free_port_for_every_try_never_one_from_the_job_id() -> N
         < text.index("MASTER_PORT=")
         < (text.index("srun "))
     )
-    assert 'launch.slurm_job startup-failed --run-dir /runs/r --try="$tries" || break' in text
+    assert 'launch.slurm.job startup-failed --run-dir /runs/r --try="$tries" || break' in text
     fixed = batch_script(
         "r", Path("/runs/r"), ClusterProfile(rendezvous_port=29500), Path("/w"), "/py"
     )
@@ -80,7 +80,7 @@ def node_task(run_dir: Path, port: int, attempt_try: int) -> subprocess.Complete
         "MASTER_PORT": str(port),
     }
     return subprocess.run(
-        [sys.executable, "-m", "launch.slurm_job", "node", "--run-dir", str(run_dir),
+        [sys.executable, "-m", "launch.slurm.job", "node", "--run-dir", str(run_dir),
          "--nnodes=1", "--nproc-per-node=1", f"--try={attempt_try}"],
         env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
@@ -90,7 +90,7 @@ def startup_failed(run_dir: Path, port: int, attempt_try: int) -> subprocess.Com
     env = {**cli_env(), "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}
     env |= {"MASTER_ADDR": "node1", "MASTER_PORT": str(port)}
     return subprocess.run(
-        [sys.executable, "-m", "launch.slurm_job", "startup-failed", "--run-dir", str(run_dir),
+        [sys.executable, "-m", "launch.slurm.job", "startup-failed", "--run-dir", str(run_dir),
          f"--try={attempt_try}"],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -123,3 +123,17 @@ def test_torchrun_on_a_taken_port_records_why_and_the_shell_tries_again(tmp_path
     os.rename(record, run.startup_failure("4242", "1", TRIES, "0"))
     last = startup_failed(run_dir, port, TRIES)
     assert last.returncode == 1 and last.stderr.strip().endswith(f"giving up after {TRIES} tries")
+
+
+@pytest.mark.parametrize("module", ["launch.slurm.job", "launch.slurm_job"])
+def test_both_entry_points_give_a_free_port(module: str) -> None:
+    """launch.slurm_job is what batch scripts of earlier versions call (Slurm keeps a queued
+    job's script): it runs the same steps as launch.slurm.job."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "port", "--try=2"],
+        env=cli_env(), capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    port = int(proc.stdout.strip())
+    with socket.socket() as s:
+        s.bind(("", port))  # free: nothing listens there

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from launch.cluster import ClusterProfile, load_profile
 from launch.config import ConfigError
-from launch.slurm_job import torchrun_command
-from launch.slurm_script import batch_script
+from launch.slurm.cluster import ClusterProfile, load_profile
+from launch.slurm.job import torchrun_command
+from launch.slurm.script import batch_script
 from launch.status import format_status, run_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,12 +58,12 @@ def test_script_runs_one_task_per_node_with_torchrun_ranks(nodes: int, gpus: int
     assert f"--nodes={nodes} --ntasks={nodes} --ntasks-per-node=1" in srun
     assert "--cpus-per-task=8" in srun
     assert (
-        f"launch.slurm_job node --run-dir /runs/r --nnodes={nodes} --nproc-per-node={ranks} "
+        f"launch.slurm.job node --run-dir /runs/r --nnodes={nodes} --nproc-per-node={ranks} "
         '--try="$tries"'
     ) in srun
     assert srun.endswith(" &")  # in the background, so the shell's traps can run
     assert 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"' in text
-    assert text.index("launch.slurm_job check") < text.index("srun ")
+    assert text.index("launch.slurm.job check") < text.index("srun ")
 
 
 def test_torchrun_uses_c10d_rendezvous_hosted_by_the_first_node() -> None:
@@ -93,20 +93,20 @@ def test_signal_requeue_and_log_lines(tmp_path: Path) -> None:
         assert line + "\n" in text, line
     # requeue only after the ranks saved and stopped on a signal (the run's exit code 75, as
     # summary.json says), and not when the job is being cancelled (TERM)
-    assert "    /venv/bin/python -m launch.slurm_job outcome --run-dir " in text
+    assert "    /venv/bin/python -m launch.slurm.job outcome --run-dir " in text
     assert 'if [ "$rc" -eq 75 ] && [ "$requeue" -eq 1 ]; then' in text
     assert (
         """trap 'requeue=0; stopping=1; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null' TERM"""
         in text
     )
-    assert text.index("trap ") < text.index("launch.slurm_job check")
+    assert text.index("trap ") < text.index("launch.slurm.job check")
     assert (
-        text.index("slurm_job outcome")
+        text.index("slurm.job outcome")
         < text.index('[ "$requeue" -eq 1 ]')
         < text.index("scontrol requeue")
     )
     # a bad config exits before srun, with check's exit code (2)
-    assert "launch.slurm_job check --run-dir " in text and "|| exit $?" in text
+    assert "launch.slurm.job check --run-dir " in text and "|| exit $?" in text
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
@@ -285,14 +285,14 @@ def test_dry_run_prints_the_script_before_the_data_is_prepared(tmp_path: Path) -
         env={"PATH": "/nonexistent"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("#!/bin/bash") and "launch.slurm_job node" in proc.stdout
+    assert proc.stdout.startswith("#!/bin/bash") and "launch.slurm.job node" in proc.stdout
     warnings = [x for x in proc.stderr.splitlines() if x.startswith("paperscale: warning:")]
     assert len(warnings) == 1 and "data.dir" in warnings[0], proc.stderr
     assert not (tmp_path / "run").exists()
 
 
 def test_signal_lead_time_covers_a_slow_save() -> None:
-    from launch.plan_save import save_plan, signal_lead_seconds
+    from launch.cost_model.save import save_plan, signal_lead_seconds
 
     quick = save_plan(63_000_000, 2, 8, 8, "bf16")  # the base model on one 8-GPU node
     assert signal_lead_seconds(quick.seconds, 90) == 90  # under a second: the profile's

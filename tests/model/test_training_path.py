@@ -109,14 +109,14 @@ def shaped_batch(
 def test_compiled_training_step_is_one_graph_for_every_batch_shape(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The trainer compiles with dynamic shapes and without duck sizing (trainer/engine.py):
+    """The trainer compiles with dynamic shapes and without duck sizing (trainer/ds/engine.py):
     batches of other sizes and lengths -- and so other row counts B*T, which the chunked loss
     loops over -- reuse the first graph, also when the first batch's source and target lengths
     are equal. A recompilation raises here."""
     import torch._dynamo
     import torch.fx.experimental._config as fx_config
 
-    from trainer.engine import compile_for_varying_shapes
+    from trainer.ds.engine import compile_for_varying_shapes
 
     monkeypatch.setattr(fx_config, "use_duck_shape", fx_config.use_duck_shape)  # restored after
     kwargs = compile_for_varying_shapes()

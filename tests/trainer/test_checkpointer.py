@@ -15,10 +15,10 @@ import torch
 from launch.config import load_config
 from model.config import ModelConfig
 from model.loss import label_smoothed_loss
-from trainer.checkpoint import CheckpointError
-from trainer.checkpointer import CheckpointManager
+from trainer.checkpoint.disk import CheckpointError
+from trainer.checkpoint.manager import CheckpointManager
 from trainer.dist import DistEnv
-from trainer.engine import build_engine
+from trainer.ds.engine import build_engine
 from trainer.run_dir import RunDir
 from trainer.state import RngState, TrainState
 

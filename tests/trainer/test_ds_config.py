@@ -1,7 +1,7 @@
 import pytest
 
 from trainer.config import OptimConfig, TrainConfig
-from trainer.ds_config import build_ds_config
+from trainer.ds.config import build_ds_config
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

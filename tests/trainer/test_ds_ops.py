@@ -1,4 +1,4 @@
-"""DeepSpeed's JIT ops: kept in the venv, built ahead by `make venv` (trainer/ds_ops.py)."""
+"""DeepSpeed's JIT ops: kept in the venv, built ahead by `make venv` (trainer/ds/ops.py)."""
 
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ def test_extensions_live_in_the_venv_unless_chosen(tmp_path: Path) -> None:
 
 def test_ops_are_built_ahead_past_a_stale_lock() -> None:
     built = Path(sys.prefix, "torch_extensions")
-    _run("from trainer.ds_ops import main; main()", DS_ACCELERATOR="cpu")
+    _run("from trainer.ds.ops import main; main()", DS_ACCELERATOR="cpu")
     lock = built / "fused_adam" / "lock"
     lock.touch()
     hours_ago = time.time() - 7200
     os.utime(lock, (hours_ago, hours_ago))  # a build killed two hours ago
-    out = _run("from trainer.ds_ops import main; main()", DS_ACCELERATOR="cpu")
+    out = _run("from trainer.ds.ops import main; main()", DS_ACCELERATOR="cpu")
     assert "fused_adam: removed a stale build lock" in out and not lock.exists(), out
     assert "deepspeed_shm_comm: ready" in out and "fused_adam: ready" in out, out
     assert (built / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").is_file()

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-import trainer.evaluate as evaluate
+import trainer.validation as evaluate
 from data_pipeline.tokenizer import Tokenizer
 from launch.config import load_config
 from model.config import ModelConfig
 from tests.integration.conftest import paperscale
 from trainer.dist import DistEnv
-from trainer.engine import build_engine
-from trainer.setup import tokenizer_path
+from trainer.ds.engine import build_engine
+from trainer.settle import tokenizer_path
 
 pytestmark = pytest.mark.xdist_group("step_syncs")  # the worker's one process group
 

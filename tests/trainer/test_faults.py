@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from trainer.checkpoint import estimate_bytes, write_error
+from trainer.checkpoint.disk import estimate_bytes, write_error
 from trainer.faults import Faults
 
 

@@ -12,7 +12,7 @@ import torch
 
 from trainer.config import OptimConfig, TrainConfig
 from trainer.dist import DistEnv
-from trainer.ds_config import build_ds_config
+from trainer.ds.config import build_ds_config
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ from data_pipeline.position import (
     progress_from_json,
     progress_to_json,
 )
-from trainer.checkpoint import accumulation_for
+from trainer.checkpoint.disk import accumulation_for
 from trainer.config import TrainConfig
-from trainer.setup import with_train
+from trainer.settle import with_train
 from trainer.state import RngState, TrainState, rng_preserved
 
 

@@ -18,8 +18,8 @@ from data_pipeline.batching import Batch
 from launch.config import load_config
 from model.config import ModelConfig
 from trainer.dist import DistEnv
-from trainer.ds_config import step_guards_update
-from trainer.engine import build_engine
+from trainer.ds.config import step_guards_update
+from trainer.ds.engine import build_engine
 from trainer.step import torch_optimizer, train_step
 
 pytestmark = pytest.mark.xdist_group("step_syncs")  # a module-scoped process group: one worker

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.integration.faults.conftest import CONFIG, fault_env, overrides
-from trainer.safe_load import forbid_code_in_checkpoints
+from trainer.checkpoint.safe_load import forbid_code_in_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -51,7 +51,7 @@ def slurm() -> Iterator[LocalSlurm]:
 
 def job_fields(cluster: LocalSlurm, job_id: str) -> dict[str, str]:
     """`scontrol show job -o` as a dict (JobState, Restarts, ExitCode, NodeList, ...)."""
-    from launch.slurm import parse_scontrol
+    from launch.slurm.submit import parse_scontrol
 
     return parse_scontrol(cluster.query(["scontrol", "show", "job", "-o", job_id]) or "")
 

@@ -13,7 +13,7 @@ import pytest
 from tests.integration.conftest import TINY_MODEL
 from tests.integration.slurm.cluster import LocalSlurm, ensure_installed
 from tests.integration.slurm.conftest import finished, submit, submitted_job, wait_for
-from trainer.checkpoint import saved_world_size
+from trainer.checkpoint.disk import saved_world_size
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one local Slurm

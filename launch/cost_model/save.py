@@ -64,7 +64,7 @@ def signal_lead_seconds(save_s: float, profile_seconds: int) -> int:
 
 
 def checkpoint_lines(c: dict | None) -> list[str]:
-    """The checkpoint's size and save time (launch/plan_save.py), and the grace-period check."""
+    """The checkpoint's size and save time (this module), and the grace-period check."""
     if not c:
         return []
     lines = [

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launch.cluster import ClusterProfile, load_profile, sbatch_value_problem
 from launch.config import ConfigError, JobConfig, check_data_dir, load_config, to_yaml
 from launch.preflight import check_resume
-from launch.slurm_script import batch_script
+from launch.slurm.cluster import ClusterProfile, load_profile, sbatch_value_problem
+from launch.slurm.script import batch_script
 from trainer.run_dir import RunDir
 
 
@@ -52,8 +52,8 @@ def validate_job(job: JobConfig, profile: ClusterProfile, dry_run: bool = False)
 
 def with_save_lead(job: JobConfig, profile: ClusterProfile) -> ClusterProfile:
     """The profile with a signal lead time that leaves room for the job's checkpoint save
-    (launch/plan_save.py; bf16 weights on GPUs, fp32 on CPUs, 1 GB/s per node assumed)."""
-    from launch.plan_save import save_plan, signal_lead_seconds
+    (launch/cost_model/save.py; bf16 weights on GPUs, fp32 on CPUs, 1 GB/s per node assumed)."""
+    from launch.cost_model.save import save_plan, signal_lead_seconds
     from model.config import ModelConfig
     from model.params import count_parameters
 

@@ -1,6 +1,7 @@
 """`paperscale plan`: the arguments checked, the device's speed (measured or assumed), the plan
-made (launch/plan.py) and printed (launch/plan_format.py) with the config's own batch, the time
-to a BLEU (launch/plan_quality.py) and the checkpoint's size (launch/plan_save.py)."""
+made (launch/cost_model/plan.py) and printed (launch/cost_model/table.py) with the config's own
+batch, the time to a BLEU (launch/cost_model/quality.py) and the checkpoint's size
+(launch/cost_model/save.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from launch.usage import UsageError
 
 if TYPE_CHECKING:  # imported where used: `plan --help` stays quick
-    from launch.plan_speed import Calibration, Speed
+    from launch.cost_model.speed import Calibration, Speed
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -62,7 +63,7 @@ def plan_gpu(args: argparse.Namespace, precision: str) -> tuple[str, str, float,
     the precision, and for `auto` the precision the trainer would pick on it. Without it, auto
     assumes a GPU with native bf16 and says so.
     """
-    from launch.plan import H200_BF16_MEASURED
+    from launch.cost_model.plan import H200_BF16_MEASURED
     from trainer.flops import gpu_spec
     from trainer.precision import cuda_precision
 
@@ -90,7 +91,7 @@ def device_speed(
 ) -> tuple[Speed, str, str, float]:
     """(speed, precision, how, GiB per rank) of the planned device: the calibration's where it
     measured that device (and precision), else the table's peak x MFU and an assumed overhead."""
-    from launch.plan_speed import (
+    from launch.cost_model.speed import (
         ASSUMED_MFU,
         ASSUMED_OVERHEAD_S,
         assumed_speed,
@@ -135,8 +136,8 @@ def calibrated_memory(cal: Calibration, args: argparse.Namespace) -> float:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan of `args.config` on the machine the arguments describe (or its JSON)."""
     from launch.config import load_config
-    from launch.plan import Machine, make_plan
-    from launch.plan_format import format_plan
+    from launch.cost_model.plan import Machine, make_plan
+    from launch.cost_model.table import format_plan
     from model.config import ModelConfig
 
     _check_args(args)
@@ -183,8 +184,8 @@ def configured_batch(
 ) -> dict[str, Any]:
     """The config's own batch (data.max_tokens x train.grad_accum on the planned ranks, at its
     train.zero_stage): whether it fits and its step time, beside the recommendation."""
-    from launch.plan import step_time
-    from launch.plan_activations import activation_bytes
+    from launch.cost_model.activations import activation_bytes
+    from launch.cost_model.plan import step_time
 
     stage = plan["stages"][job.train.zero_stage]
     micro, accum = job.data.max_tokens, job.train.grad_accum
@@ -207,7 +208,7 @@ def configured_batch(
 
 def quality_figures(cfg: Any, plan: dict[str, Any], anchor_name: str | None) -> dict | None:
     """Steps and hours to the nearest (or named) anchor's BLEU at the recommended batch."""
-    from launch.plan_quality import pick_anchor, time_to_quality
+    from launch.cost_model.quality import pick_anchor, time_to_quality
 
     tokens = int(plan["tokens_per_step_per_side"])
     try:
@@ -224,7 +225,7 @@ def checkpoint_figures(
 ) -> dict[str, Any]:
     """Size and save time of one checkpoint of the planned job (its recommended ZeRO stage,
     else the config's), and whether the save fits train.stop_grace_s."""
-    from launch.plan_save import fits_grace, save_plan
+    from launch.cost_model.save import fits_grace, save_plan
 
     stage = plan["recommended_stage"]
     stage = job.train.zero_stage if stage is None else stage

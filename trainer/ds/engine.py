@@ -14,7 +14,7 @@ from model.config import ModelConfig
 from model.transformer import Transformer
 from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfig
 from trainer.dist import DistEnv
-from trainer.ds_config import build_ds_config
+from trainer.ds.config import build_ds_config
 from trainer.kernels import resolve_attention, sdpa_backends
 from trainer.schedule import Horizon, build_scheduler
 

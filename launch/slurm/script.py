@@ -1,8 +1,8 @@
-"""The sbatch script of a run, as `paperscale submit` writes it (launch/slurm.py submits it).
+"""The sbatch script of a run, as `paperscale submit` writes it (launch/slurm/submit.py submits it).
 
 #SBATCH lines from the cluster profile; the environment and setup lines of the profile; the
 signal traps (USR1 -> save and requeue, TERM -> save and end); the config check; the tries of
-the c10d rendezvous on a free port; one srun task per node (launch/slurm_job.py `node`); and the
+the c10d rendezvous on a free port; one srun task per node (launch/slurm/job.py `node`); and the
 job's ending: requeue after a saved stop, or after a step that failed without a code of the
 run's own while the requeue budget lasts.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from launch.cluster import ClusterProfile, secret_assignment
 from launch.config import ConfigError
+from launch.slurm.cluster import ClusterProfile, secret_assignment
 from trainer.run_dir import RunDir
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def sbatch_directives(
@@ -52,7 +52,7 @@ def sbatch_directives(
 
 
 def node_tasks_line(run: RunDir, profile: ClusterProfile, step: list[str]) -> str:
-    """srun: one task per node, each `launch.slurm_job node` (torchrun with its ranks)."""
+    """srun: one task per node, each `launch.slurm.job node` (torchrun with its ranks)."""
     q = shlex.quote
     srun = ["srun", f"--nodes={profile.nodes}", f"--ntasks={profile.nodes}"]
     srun += ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]
@@ -71,7 +71,7 @@ def batch_script(
     the submitting shell, which sbatch passes on."""
     q = shlex.quote
     run = RunDir(run_dir)
-    step = [python, "-m", "launch.slurm_job"]
+    step = [python, "-m", "launch.slurm.job"]
     on_run = ["--run-dir", q(str(run_dir))]
     port = [*map(q, step), "port", '--try="$tries"']
     if profile.rendezvous_port:

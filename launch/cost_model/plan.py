@@ -1,8 +1,9 @@
 """The planner: memory per rank for each ZeRO stage, micro-batch x accumulation, time per step.
 
 Pure functions of the config's shapes and a few machine figures; nothing here starts a process
-or touches a device. `paperscale plan` (launch/plan_cmd.py) prints `make_plan`'s result with the
-step time model of launch/plan_speed.py and the time to a BLEU of launch/plan_quality.py.
+or touches a device. `paperscale plan` (launch/cmd_plan.py) prints `make_plan`'s result with the
+step time model of launch/cost_model/speed.py and the time to a BLEU of
+launch/cost_model/quality.py.
 
 Memory of the model states (per rank, Psi parameters, N data-parallel ranks) follows the ZeRO
 paper's accounting as DeepSpeed 0.19 allocates it for bf16/fp16 mixed precision: 16-bit
@@ -15,7 +16,7 @@ parameters (2 Psi) and gradients (2 Psi), plus K = 12 bytes per parameter of opt
     stage 3   (2 + 2 + 12) Psi / N            parameters too (+ small parameters kept whole)
 
 fp32 training has no master copy at stage 0 (4 + 4 + 8 bytes), while ZeRO 1-3 still keep an fp32
-partition beside the fp32 parameters (4 + 4 + 12). Buffers from trainer/ds_config.py's bucket
+partition beside the fp32 parameters (4 + 4 + 12). Buffers from trainer/ds/config.py's bucket
 sizes: ZeRO 1/2 fill one contiguous reduce bucket of `reduce_bucket_size` 16-bit elements
 during backward (allocated per backward pass, released after it); ZeRO 3 keeps its reduce
 bucket for the engine's lifetime and gathers up to `stage3_prefetch_bucket_size` parameters
@@ -27,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from launch.plan_activations import activation_bytes, loss_workspace_bytes, per_token_bytes
+from launch.cost_model.activations import activation_bytes, loss_workspace_bytes, per_token_bytes
 from model.config import ModelConfig
 from model.params import count_parameters
 from trainer.flops import step_flops
@@ -55,7 +56,7 @@ class Machine:
     headroom: float = 0.1  # fraction of gpu_mem kept free (allocator fragmentation)
     mfu: float = 0.4
     peak_flops: float = H200_BF16_MEASURED
-    overhead_s: float = 0.0  # per optimizer step, beyond the matmuls (launch/plan_speed.py)
+    overhead_s: float = 0.0  # per optimizer step, beyond the matmuls (launch/cost_model/speed.py)
     overhead_micro_s: float = 0.0  # per micro-batch, beyond its matmuls
 
     @property
@@ -69,7 +70,7 @@ class Machine:
 
 @dataclass(frozen=True)
 class Buckets:
-    """DeepSpeed bucket sizes in elements (trainer/ds_config.py sets them)."""
+    """DeepSpeed bucket sizes in elements (trainer/ds/config.py sets them)."""
 
     reduce: int
     allgather: int
@@ -78,8 +79,8 @@ class Buckets:
 
 
 def ds_buckets() -> Buckets:
-    """The bucket sizes trainer/ds_config.py gives DeepSpeed."""
-    from trainer.ds_config import BUCKET_ELEMENTS
+    """The bucket sizes trainer/ds/config.py gives DeepSpeed."""
+    from trainer.ds.config import BUCKET_ELEMENTS
 
     return Buckets(BUCKET_ELEMENTS, BUCKET_ELEMENTS, BUCKET_ELEMENTS, 100_000)
 
@@ -281,7 +282,7 @@ def step_time(
 
     step_s = FLOPs of the tokens the micro-batches hold (`fill` of their budget) / (ranks x
     peak x MFU) + the overhead per step + accum x the overhead per micro-batch
-    (launch/plan_speed.py).
+    (launch/cost_model/speed.py).
     """
     flops = step_flops(cfg, tokens, tokens, seq_len, seq_len)
     if checkpointing:
@@ -350,7 +351,7 @@ def make_plan(
     Micro-batches are padded tokens per side, as `data.max_tokens` counts them. FLOPs count
     the step's target_tokens on both sides at padded length `seq_len` (trainer/flops.py).
     `compiled` is `train.compile`: the loss is then the compiler's fused one, whose logits
-    grow with the micro-batch, instead of the chunked one (launch/plan_activations.py).
+    grow with the micro-batch, instead of the chunked one (launch/cost_model/activations.py).
     `tolerance` is how far the step may land from the target (`choose_batch`); `fill` the
     share of a micro-batch's token budget its batches hold, which the step time counts.
     """

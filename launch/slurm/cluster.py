@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launch.config import ConfigError
 
-PROFILE_DIR = Path(__file__).resolve().parents[1] / "configs" / "clusters"
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "configs" / "clusters"
 
 # Environment names that look like credentials; they never appear in a generated script.
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)

@@ -50,7 +50,7 @@ def check_loadable(path: Path) -> str | None:
 
 
 def run_module_weights_only(argv: list[str]) -> None:
-    """`python -m trainer.safe_load MODULE ARGS...`: run MODULE as a script with
+    """`python -m trainer.checkpoint.safe_load MODULE ARGS...`: run MODULE as a script with
     weights-only loading (DeepSpeed's checkpoint tools, e.g. ds_to_universal)."""
     import runpy
     import sys

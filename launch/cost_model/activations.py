@@ -7,7 +7,7 @@ Pure arithmetic on the model's shapes (no torch), checked against what autograd 
 
 from __future__ import annotations
 
-from launch.plan_save import weight_bytes
+from launch.cost_model.save import weight_bytes
 from model.config import LOSS_CHUNK_ELEMENTS, ModelConfig
 
 

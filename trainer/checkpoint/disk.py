@@ -1,7 +1,7 @@
 """The mechanics of a checkpoint on disk: durable writes, the free-space check, the ranks'
 agreement on a failed save, DeepSpeed's file writer made to fsync, and universal conversion.
 
-The checkpoint manager (trainer/checkpointer.py) uses these to save and restore; the names of
+The checkpoint manager (trainer/checkpoint/manager.py) uses these to save and restore; the names of
 the files are the layout's (trainer/run_dir.py).
 """
 
@@ -142,7 +142,8 @@ def ensure_universal(ckpts: CheckpointDir, tag: str) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
         cmd = [
-            sys.executable, "-m", "trainer.safe_load", "deepspeed.checkpoint.ds_to_universal",
+            sys.executable, "-m", "trainer.checkpoint.safe_load",
+            "deepspeed.checkpoint.ds_to_universal",
             "--input_folder", str(ckpts.tag_dir(tag)), "--output_folder", str(tmp),
             "--num_extract_workers", "1", "--num_merge_workers", "1",
         ]  # fmt: skip

@@ -5,7 +5,7 @@ the CPU FusedAdam) into ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_exten
 a lock file. Several ranks starting at once wait on one build; a build that is killed leaves the
 lock behind and every later start waits on it forever. Building here, in one process with no
 deadline, takes that off the first training run: ``make venv`` runs ``python -m
-trainer.ds_ops``, and the Makefile keeps the extensions inside the virtual environment.
+trainer.ds.ops``, and the Makefile keeps the extensions inside the virtual environment.
 """
 
 from __future__ import annotations

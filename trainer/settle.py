@@ -18,10 +18,10 @@ import torch.distributed as dist
 from data_pipeline.manifest import tokenizer_path
 from data_pipeline.tokenizer import Tokenizer
 from model.config import ModelConfig
-from trainer.checkpoint import accumulation_for, ensure_universal
-from trainer.checkpointer import saved_setting
+from trainer.checkpoint.disk import accumulation_for, ensure_universal
+from trainer.checkpoint.manager import saved_setting
 from trainer.dist import DistEnv
-from trainer.engine import PRECISION_DTYPES, Job, resolve_model_config
+from trainer.ds.engine import PRECISION_DTYPES, Job, resolve_model_config
 from trainer.flops import peak_flops
 from trainer.kernels import resolve_attention
 from trainer.metrics import stderr_warn

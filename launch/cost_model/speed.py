@@ -20,7 +20,7 @@ unless `--overhead-ms` says otherwise: about 1,200 kernels of one big-model micr
 of launch each (6 ms, hidden only where kernels are long), the fused Adam pass over the fp32
 states (~2 ms on HBM3) and an unoverlapped share of the gradient all-reduce (~2 ms over NVLink).
 An estimate, not a measurement; the plan says so in its output. Checked against MLPerf v0.7's
-DGX A100 log (launch/plan_quality.py): at A100's datasheet peak, MFU 0.4 and this overhead the
+DGX A100 log (launch/cost_model/quality.py): at A100's datasheet peak, MFU 0.4 and this overhead the
 plan gives 0.153 s per step of 110,592 tokens (0.140 s with `--fill 0.91`, the share of the
 budget its batches held), where the log shows 0.130 s (472 s for 3,632 steps, with evaluation).
 """

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from trainer.async_save import BackgroundWrite, HostPool, QueuedWrites
-from trainer.checkpoint import (
+from trainer.checkpoint.background import BackgroundWrite, HostPool, QueuedWrites
+from trainer.checkpoint.disk import (
     CheckpointError,
     RecordedWrites,
     agree,
@@ -39,8 +39,8 @@ from trainer.checkpoint import (
     write_atomic,
     write_error,
 )
+from trainer.checkpoint.safe_load import forbid_code_in_checkpoints
 from trainer.run_dir import CheckpointDir, tag_for
-from trainer.safe_load import forbid_code_in_checkpoints
 from trainer.state import RankStateful, TrainState
 
 # what a first save is assumed to write per second (later saves use the measured time)
@@ -127,7 +127,7 @@ class CheckpointManager:
     def save(self, step: int, background: bool = False) -> str:
         """Save on every rank (all ranks call this at the same step); returns the tag.
         `background`: copy the state to host memory and return; the files are written by a
-        thread and the checkpoint published by a later `publish` (trainer/async_save.py).
+        thread and the checkpoint published by a later `publish` (trainer/checkpoint/background.py).
         A save still pending is published first."""
         self.publish(wait=True)
         started = time.monotonic()
@@ -264,7 +264,7 @@ class CheckpointManager:
         """Load the engine (model, optimizer, scheduler), the train state and every per-rank
         state from checkpoint `tag` (converted to the universal format beforehand when the
         world size changed: the engine was built with `load_universal`). Every file is read
-        weights-only (trainer/safe_load.py), DeepSpeed's own loads included."""
+        weights-only (trainer/checkpoint/safe_load.py), DeepSpeed's own loads included."""
         forbid_code_in_checkpoints()
         load_dir = self.ckpts.root
         if self.engine.load_universal_checkpoint():

@@ -4,10 +4,10 @@ speed comes from, the step time, the config's own batch, the time to a BLEU and 
 
 from __future__ import annotations
 
-from launch.plan import GIB
-from launch.plan_quality import duration, quality_lines
-from launch.plan_save import checkpoint_lines
-from launch.plan_speed import format_rate
+from launch.cost_model.plan import GIB
+from launch.cost_model.quality import duration, quality_lines
+from launch.cost_model.save import checkpoint_lines
+from launch.cost_model.speed import format_rate
 
 
 def _head_lines(plan: dict) -> list[str]:

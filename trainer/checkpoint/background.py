@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint import fsync_path, write_error
+from trainer.checkpoint.disk import fsync_path, write_error
 
 
 def _storage_key(t: torch.Tensor) -> tuple[Any, ...]:
