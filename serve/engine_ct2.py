@@ -57,6 +57,7 @@ class CT2Translator(Engine):
     vocabulary: list[str]
     tokenizer: Tokenizer
     engine: str
+    index: dict[str, int]  # token string -> id: the vocabulary's inverse, built once at load
 
     @classmethod
     def load(cls, export_dir: Path, device: str = "cpu") -> CT2Translator:
@@ -70,13 +71,13 @@ class CT2Translator(Engine):
             f"ctranslate2 {ctranslate2.__version__} ({compute_type_of(export_dir)}, {device}, "
             f"{threads} thread{'s' if threads > 1 else ''})"
         )
-        return cls(model, vocabulary, Tokenizer(export_dir / TOKENIZER), engine)
+        index = {piece: i for i, piece in enumerate(vocabulary)}
+        return cls(model, vocabulary, Tokenizer(export_dir / TOKENIZER), engine, index)
 
     def search_limit(
         self, pieces: list[list[str]], limit: int, beam: int, lenpen: float, nbest: int
     ) -> list[Hypotheses]:
         """translate_batch on sentences of one length limit: each one's n-best (ids, score)."""
-        index = {piece: i for i, piece in enumerate(self.vocabulary)}
         results = self.model.translate_batch(
             pieces,
             beam_size=beam,
@@ -93,7 +94,7 @@ class CT2Translator(Engine):
         for result in results:
             hyps = []
             for tokens, score in zip(result.hypotheses, result.scores, strict=True):
-                ids = [index[t] for t in tokens]
+                ids = [self.index[t] for t in tokens]
                 hyps.append((ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids, score))
             out.append(hyps)
         return out
