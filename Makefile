@@ -18,7 +18,7 @@ export WANDB_SILENT := true
 # DeepSpeed's JIT-compiled ops live in the venv (built once by `make venv`, see trainer/ds/ops.py).
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
-.PHONY: venv test test-fast demo bench fairseq-venv lint format clean
+.PHONY: venv test test-fast test-gpu demo bench fairseq-venv lint format clean
 
 venv: $(VENV)/.installed $(VENV)/.ds_ops
 
@@ -52,11 +52,15 @@ TEST_WORKERS ?= 2
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
-	$(VENV)/bin/pytest -q -ra --durations=5 -m serial
+	$(VENV)/bin/pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup -m "not serial and not gpu"
+	$(VENV)/bin/pytest -q -ra --durations=5 -m "serial and not gpu"
 
 test-fast: venv
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q -m "not slow and not gpu"
+
+# The CUDA tests (tests/gpu), on a machine with a GPU; each has a CPU twin in `make test`.
+test-gpu: venv
+	$(VENV)/bin/pytest -q -ra -m gpu tests/gpu
 
 $(CORPUS)/corpus.json: | venv
 	$(PS) corpus fetch debian-ende $(CORPUS)

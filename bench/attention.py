@@ -29,7 +29,11 @@ FORMS = ("causal", "padded keys", "no mask")
 
 
 def kernels_of(device: torch.device) -> list[str]:
-    return ["math", "flash"] if device.type == "cpu" else ["math", "flash", "efficient", "cudnn"]
+    """The kernels torch has for `device`; on CUDA also `default`, torch's own choice per call
+    (what `train.attention: auto` resolves to there)."""
+    if device.type == "cpu":
+        return ["math", "flash"]
+    return ["math", "flash", "efficient", "cudnn", "default"]
 
 
 def case(

@@ -27,6 +27,10 @@ def load_train_job(args: argparse.Namespace) -> JobConfig:
     if args.nproc < 1:
         raise ConfigError("--nproc", f"must be >= 1, got {args.nproc}")
     check_data_dir(job)
+    if job.train.device == "cuda" and not use_cuda("auto"):
+        raise ConfigError(
+            "train.device", "cuda, but torch sees no CUDA device on this machine; use auto or cpu"
+        )
     if job.train.precision == "fp16" and not use_cuda(job.train.device):
         raise ConfigError(
             "train.precision",

@@ -38,6 +38,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         ("model.dropout=1.5", "model.dropout"),
         ("logging.wandb=sometimes", "logging.wandb"),
         ("train.precision=fp16", "train.precision"),  # no GPU here
+        ("train.device=cuda", "train.device"),  # no GPU here
         ("train.save_every_minutes=-1", "train.save_every_minutes"),
         ("train.bleu_beam=0", "train.bleu_beam"),
     ],
