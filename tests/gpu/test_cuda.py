@@ -18,9 +18,10 @@ import torch
 
 from model.attention import attention, build_attn_mask
 from tests.integration.conftest import TINY_MODEL, paperscale
-from tests.trainer.test_step_syncs import CountReads, engine_for, step
+from tests.trainer.test_step_syncs import CountReads, batches, engine_for
 from trainer.dist import DistEnv
 from trainer.kernels import sdpa_backends
+from trainer.step import StepResult, train_step
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(420)]
@@ -46,6 +47,12 @@ def cuda_syncs() -> Iterator[list[str]]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
             warnings.showwarning = saved
+
+
+def step(engine: object, env: DistEnv, seed: int) -> StepResult:
+    """One step, the previous step's flag on the device as the loop keeps it."""
+    flags = torch.zeros(1, device=env.device)
+    return train_step(engine, batches(seed), env, 0.1, [False, False], flags, None, True)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
@@ -80,7 +87,9 @@ def test_a_cuda_step_synchronises_once(cuda_rank: DistEnv, precision: str) -> No
 
 FORMS = ("causal", "padded keys", "no mask")
 CUDA_KERNELS = ("flash", "efficient", "cudnn", "default")
-BF16_TOLERANCE = 3e-2  # as the CPU twin's: 8 bits of mantissa, rounded in different places
+# bf16 keeps 8 bits of mantissa (4e-3 relative per rounding), the kernels round in different
+# places and sum over up to 37 keys: 3 % of the largest reference value of each tensor
+BF16_TOLERANCE = 3e-2
 
 
 def cuda_case(form: str, dtype: torch.dtype, kernel: str) -> tuple[torch.Tensor, ...]:
@@ -118,8 +127,8 @@ def test_every_cuda_kernel_matches_math() -> None:
                 continue  # the kernel does not take this case
             taken.setdefault(kernel, []).append(form)
             for name, a, r in zip(("out", "dq", "dk", "dv"), got, reference, strict=True):
-                err = (a - r).abs().max().item()
-                assert err <= BF16_TOLERANCE, f"{kernel} {form} {name}: max abs error {err:.2e}"
+                err = ((a - r).abs().max() / r.abs().max()).item()
+                assert err <= BF16_TOLERANCE, f"{kernel} {form} {name}: max error {err:.2e}"
     assert taken["default"] == list(FORMS), taken
     assert {"causal", "no mask"} <= set(taken["flash"]), taken
     print(f"kernels and the forms they took: {taken}")
@@ -130,6 +139,9 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if r.get("loss") is not None}
 
 
+CUDA_ENV = {"DS_ACCELERATOR": "cuda"}  # the CLI's processes on the GPU
+
+
 def train_on_cuda(run_dir: Path, data: Path, max_steps: int, cwd: Path, *extra: str) -> str:
     proc = paperscale(
         "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "1",
@@ -138,7 +150,7 @@ def train_on_cuda(run_dir: Path, data: Path, max_steps: int, cwd: Path, *extra: 
         "train.log_every=1", "train.eval_every=4", "train.save_every=4", "train.async_save=true",
         "train.bleu_samples=4", "logging.wandb=disabled", "logging.tensorboard=false",
         f"train.max_steps={max_steps}", *extra,
-        cwd=cwd, timeout=300, env={"DS_ACCELERATOR": "cuda"},
+        cwd=cwd, timeout=300, env=CUDA_ENV,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr

@@ -19,7 +19,8 @@ def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
-            "PYTHONPATH": str(ROOT),
+            # the repository first, then what the caller's path holds (e.g. a GPU image's wheels)
+            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]),
             "OMP_NUM_THREADS": "1",
             "DS_ACCELERATOR": "cpu",
             "WANDB_SILENT": "true",
