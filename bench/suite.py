@@ -554,6 +554,26 @@ REGISTRY: tuple[Bench, ...] = (
         timeout_s=1200,
         smoke_timeout_s=120,
     ),
+    Bench(
+        "attention_gpu",
+        "SDPA kernels side by side on a GPU at the big preset's attention shapes (math, flash, "
+        "memory-efficient, cuDNN and torch's own choice): the figures behind `auto` on CUDA.",
+        ("{python}", "-m", "bench.attention", "--config", "configs/big.yaml", "--json", "{json}"),
+        (
+            "{python}",
+            "-m",
+            "bench.attention",
+            "--config",
+            "configs/big.yaml",
+            "--smoke",
+            "--json",
+            "{json}",
+        ),
+        ONE_THREAD,
+        timeout_s=300,
+        smoke_timeout_s=120,
+        needs=_needs_cuda,
+    ),
 )
 
 
@@ -619,7 +639,7 @@ def machine_info() -> dict[str, Any]:
 
 def describe_machine(m: Mapping[str, Any]) -> str:
     """The machine in one table cell: 'AMD EPYC, 2 cores, native bf16: no, GPU: none'."""
-    bf16 = "yes" if m["native_bf16"] else "no"
+    bf16 = {True: "yes", False: "no"}.get(m["native_bf16"], "not recorded")
     return f"{m['cpu']}, {m['cores']} cores, native bf16: {bf16}, GPU: {m['gpu']}"
 
 
@@ -976,7 +996,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, help="seconds per bench (default: the registry's)")
     p.add_argument("--verbose", "-v", action="store_true", help="echo each bench's output")
     p.add_argument("--list", action="store_true", help="print the registry and exit")
+    p.add_argument(
+        "--import",
+        dest="import_report",
+        type=Path,
+        help="write the tables of a report that --json wrote on another machine (a GPU one: "
+        "tests/gpu/checks.sh) into the results file, with that machine; runs nothing",
+    )
     return p.parse_args(argv)
+
+
+def outcome_of(entry: Mapping[str, Any]) -> Outcome:
+    """An outcome as `Outcome.as_dict` wrote it (a non-finite figure's null back to NaN)."""
+    rows = [
+        {**r, "value": float("nan") if r["value"] is None else r["value"]} for r in entry["rows"]
+    ]
+    return Outcome(**{**entry, "rows": rows})
+
+
+def import_report(report_path: Path, results: Path) -> int:
+    """The outcomes of a `--json` report, with the machine that measured them, as tables."""
+    try:
+        report = json.loads(report_path.read_text())
+        outcomes = [outcome_of(b) for b in report["benches"]]
+        machine = report["machine"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(
+            f"bench.suite: --import {report_path}: not a report of --json ({exc})", file=sys.stderr
+        )
+        return 2
+    write_results(results, outcomes, machine)
+    names = ", ".join(o.name for o in outcomes)
+    print(f"bench.suite: wrote {names} measured on {describe_machine(machine)} to {results}")
+    return 0
 
 
 def _exit_on_term(signum: int, frame: object) -> None:
@@ -990,6 +1042,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         print_registry()
         return 0
+    if args.import_report:
+        return import_report(args.import_report, args.results or RESULTS)
     try:
         benches = by_name(args.only.split(",") if args.only else None)
     except ValueError as exc:

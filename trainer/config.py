@@ -37,8 +37,9 @@ class OptimConfig:
     weight_decay: float = 0.0
     clip_grad: float = 0.0  # 0 = no clipping (the paper)
     fused: bool = True  # torch's fused Adam kernel (CUDA and CPU); false: its per-tensor loop
-    # The gradient norm of every step (logged as grad_norm, needed by clip_grad > 0); false
-    # saves a norm kernel per gradient, a collective and, in fp32, a device sync per step.
+    # The gradient norm (logged as grad_norm): computed on the steps that log (train.log_every)
+    # and, where clip_grad > 0 needs it, on every step; false: never (no norm kernels, no
+    # collective, and none of the device syncs DeepSpeed's norm makes, two per step on CUDA).
     grad_norm: bool = True
 
     def problems(self) -> list[tuple[str, str]]:

@@ -25,7 +25,7 @@ from trainer.checkpoint.disk import CheckpointError
 from trainer.checkpoint.manager import CheckpointManager, export_source
 from trainer.checkpoint.safe_load import forbid_code_in_checkpoints
 from trainer.dist import DistEnv, broadcast_str, init_distributed
-from trainer.ds.config import step_guards_update
+from trainer.ds.config import ask_grad_norm, step_guards_update
 from trainer.ds.engine import build_engine, seed_everything
 from trainer.export import export_checkpoint
 from trainer.faults import Faults
@@ -164,23 +164,17 @@ class Trainer:
         if self.env.is_main:
             attempts.announce_attempt(self.cfg.max_restarts)
         if self.env.is_main and self.resumed_at is not None:
-            print(
-                f"resumed from {self.run.checkpoints.tag_dir(self.settled.tag or '')} at step "
-                f"{self.resumed_at}",
-                flush=True,
-            )
+            where = self.run.checkpoints.tag_dir(self.settled.tag or "")
+            print(f"resumed from {where} at step {self.resumed_at}", flush=True)
         self.batches = iter(self.stream)
-        # Everything built so far lives for the whole run: keep the garbage collector from
-        # scanning it again at every collection and at exit (seconds with torch loaded, which a
-        # stop signal's grace period cannot spare).
+        # Everything built so far lives for the whole run: the garbage collector need not scan
+        # it at every collection and at exit (seconds with torch, more than a stop's grace).
         gc.freeze()
 
     def guarded(self) -> LoopGuard:
         """The loop's signal handler (a stop request finishes the step and saves) and the
         watchdog (a phase past train.dist_timeout_s ends the process; compiling: 1 h at least)."""
-        timeout = self.cfg.dist_timeout_s
-        if self.cfg.compile:
-            timeout = max(timeout, COMPILE_TIMEOUT_S)
+        timeout = max(self.cfg.dist_timeout_s, COMPILE_TIMEOUT_S if self.cfg.compile else 0)
         stacks = self.run.watchdog_stacks(attempts.attempt_key(), self.env.rank)
         self.watchdog = Watchdog(timeout, stacks)
         return LoopGuard(self.stop_request, self.watchdog)
@@ -206,6 +200,7 @@ class Trainer:
             and self.cfg.save_every_minutes
             and time.monotonic() - self.last_save >= 60 * self.cfg.save_every_minutes
         )
+        ask_grad_norm(self.engine, self.job.optim, self._log_due(self.state.step + 1))
         result = train_step(
             self.engine,
             micro,
@@ -265,11 +260,15 @@ class Trainer:
     def _final(self) -> bool:  # the last step of the run
         return self.state.step == self.budget.end_step() or self.budget.spent
 
+    def _log_due(self, step: int) -> bool:  # (a stop request or a spent budget: learnt later)
+        first_or_last = (self.start_step + 1, self.budget.end_step())
+        return step % self.cfg.log_every == 0 or step in first_or_last
+
     def maybe_log(self) -> None:
         """On log steps: one collective and one host sync for the window's sums, this rank's
         FLOPs and its skipped-sample counters, summed over ranks."""
         step = self.state.step
-        due = step % self.cfg.log_every == 0 or self._final() or step == self.start_step + 1
+        due = self._log_due(step) or self._final()
         if not self.window_steps or not (due or self.stopping):
             return
         extra = torch.tensor(

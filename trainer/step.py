@@ -60,7 +60,11 @@ def train_step(
     dist.all_reduce(counts)
     global_tokens, *reduced = counts.tolist()
     agreed = [flag > 0 for flag in reduced]
-    sums = torch.zeros(4, dtype=torch.float64, device=env.device)
+    # loss, nll, target tokens, source tokens: the last known on the host, so it travels with
+    # the copy (a scalar written into a device tensor later would synchronise the device)
+    src_tokens = float(sum(b.n_src_tokens for b in batches))
+    sums = torch.tensor([0.0, 0.0, 0.0, src_tokens], dtype=torch.float64)
+    sums = sums.to(env.device, non_blocking=True)
     if flags and agreed[0]:
         return StepResult(sums, agreed, completed=False)
     factor = env.world_size * len(batches) / max(global_tokens, 1.0)
@@ -80,7 +84,6 @@ def train_step(
             engine.step()
         if guarded is not None:
             guarded.found_inf = None  # type: ignore[attr-defined]  # for this update only
-    sums[3] = float(sum(b.n_src_tokens for b in batches))
     return StepResult(sums, agreed, completed=True)
 
 

@@ -598,3 +598,16 @@ def test_suite_cli_lists_the_registry() -> None:
     assert proc.returncode == 0, proc.stderr
     for b in suite.REGISTRY:
         assert f"{b.name}\n  full:  " in proc.stdout
+
+
+def test_the_gpu_checks_run_registered_benches_and_the_gpu_tests() -> None:
+    """tests/gpu/checks.sh (one call on a GPU machine) names benches that exist and runs the
+    tests marked gpu, which live in tests/gpu and are left out of `make test`."""
+    script = (ROOT / "tests/gpu/checks.sh").read_text()
+    only = re.search(r"--only ([\w,]+)", script)
+    assert only is not None
+    assert set(only.group(1).split(",")) <= {b.name for b in suite.REGISTRY}
+    assert "-m gpu tests/gpu" in script
+    makefile = (ROOT / "Makefile").read_text()
+    assert makefile.count('"not serial and not gpu"') == 1
+    assert makefile.count('"serial and not gpu"') == 1

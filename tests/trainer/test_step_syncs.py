@@ -7,6 +7,7 @@ without DeepSpeed's overflow check."""
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from data_pipeline.batching import Batch
 from launch.config import load_config
 from model.config import ModelConfig
 from trainer.dist import DistEnv
-from trainer.ds.config import step_guards_update
+from trainer.ds.config import compute_grad_norm_for, norm_every_step, step_guards_update
 from trainer.ds.engine import build_engine
 from trainer.step import torch_optimizer, train_step
 
@@ -99,16 +100,26 @@ def test_a_step_reads_the_device_once(env: DistEnv, over: tuple[str, ...]) -> No
     assert syncs == []
 
 
-def test_the_fp32_grad_norm_costs_one_more_read(env: DistEnv) -> None:
-    """What optim.grad_norm=false saves, counted the same way (DeepSpeed checks the norm, and
-    the step then leaves the guarding to it)."""
-    engine = engine_for(env, "train.precision=fp32")
+def test_the_grad_norm_is_computed_on_the_steps_asked_for(env: DistEnv) -> None:
+    """fp32, optim.grad_norm on, no clipping: the loop asks for the norm on log steps only. A
+    step without it reads the device once (as bf16's); a step with it twice (DeepSpeed checks
+    the norm on the host), and only then is there a norm to log. The step guards the update,
+    since DeepSpeed's check runs on log steps only; with clipping the norm is computed in every
+    step and DeepSpeed's check guards."""
     job = load_config(None, [*TINY, "train.precision=fp32"])
-    assert not step_guards_update(job.train, job.optim)
-    counter = CountReads()
-    with counter:
-        step(engine, env, 0, guard=False)
-    assert sum(counter.reads.values()) == 2 and counter.reads["tolist"] == 1
+    assert step_guards_update(job.train, job.optim) and not norm_every_step(job.optim)
+    engine = engine_for(env, "train.precision=fp32")
+    for seed, on in enumerate((False, True, False)):
+        assert compute_grad_norm_for(engine, on)
+        counter = CountReads()
+        with counter:
+            step(engine, env, seed)
+        assert sum(counter.reads.values()) == (2 if on else 1), dict(counter.reads)
+        norm = engine.get_global_grad_norm()
+        assert (norm is not None and math.isfinite(float(norm))) if on else norm is None
+    clipped = load_config(None, [*TINY, "train.precision=fp32", "optim.clip_grad=1.0"])
+    assert norm_every_step(clipped.optim)
+    assert not step_guards_update(clipped.train, clipped.optim)
 
 
 def state(engine: Any) -> list[torch.Tensor]:
@@ -123,15 +134,18 @@ def state(engine: Any) -> list[torch.Tensor]:
 @pytest.mark.parametrize(
     "over",
     [("train.precision=bf16",), ("train.precision=fp32",),
+     ("train.precision=fp32", "optim.clip_grad=100.0"),
      ("train.precision=fp32", "optim.grad_norm=false")],
-    ids=["bf16", "fp32", "fp32-no-grad-norm"],
+    ids=["bf16", "fp32", "fp32-clipped", "fp32-no-grad-norm"],
 )  # fmt: skip
 def test_a_non_finite_step_changes_nothing(env: DistEnv, over: tuple[str, ...]) -> None:
-    """Whoever guards the update (the step, or DeepSpeed's norm check in fp32), as the loop
-    decides it."""
+    """Whoever guards the update (the step, or DeepSpeed's norm check in fp32 where the norm
+    is computed in every step), as the loop decides it, on a step that logs no norm."""
     job = load_config(None, [*TINY, *over])
     guard = step_guards_update(job.train, job.optim)
     engine = engine_for(env, *over)
+    if job.optim.grad_norm and not norm_every_step(job.optim):
+        assert compute_grad_norm_for(engine, False)
     step(engine, env, 0, guard)
     before = state(engine)
     poison = engine.module.register_forward_hook(

@@ -19,13 +19,37 @@ def skips_nonfinite_steps(optim: OptimConfig) -> bool:
     return optim.fused
 
 
+def norm_every_step(optim: OptimConfig) -> bool:
+    """Whether DeepSpeed computes the gradient norm in every step: where clipping needs it.
+    Otherwise the loop asks for it on log steps only (`compute_grad_norm_for`)."""
+    return optim.grad_norm and optim.clip_grad > 0
+
+
 def step_guards_update(train: TrainConfig, optim: OptimConfig) -> bool:
     """Whether the train step must guard the update against a non-finite loss itself: where
-    DeepSpeed's own check is off (bf16 with the fused kernel; fp32 without the gradient norm,
-    whose validity DeepSpeed checks otherwise). fp16's loss scaler skips such steps itself."""
+    DeepSpeed's own check is off on some steps (bf16 with the fused kernel; fp32 unless the
+    gradient norm, whose validity DeepSpeed checks, is computed in every step). fp16's loss
+    scaler skips such steps itself."""
     if not skips_nonfinite_steps(optim):
         return False
-    return train.precision == "bf16" or (train.precision == "fp32" and not optim.grad_norm)
+    return train.precision == "bf16" or (train.precision == "fp32" and not norm_every_step(optim))
+
+
+def ask_grad_norm(engine: Any, optim: OptimConfig, logs: bool) -> None:
+    """Before a step: the gradient norm where the step logs it or clipping needs it."""
+    if optim.grad_norm and not norm_every_step(optim):
+        compute_grad_norm_for(engine, logs)
+
+
+def compute_grad_norm_for(engine: Any, on: bool) -> bool:
+    """Have ZeRO 1/2 compute the gradient norm in the next step or not (its optimizer reads
+    the flag in each step; without it `engine.get_global_grad_norm()` is None). Returns whether
+    the choice took: ZeRO 0 and 3 always compute it."""
+    optimizer = getattr(engine, "optimizer", None)
+    if optimizer is None or not hasattr(optimizer, "compute_grad_norm"):
+        return False
+    optimizer.compute_grad_norm = on
+    return True
 
 
 def build_ds_config(

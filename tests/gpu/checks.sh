@@ -2,15 +2,15 @@
 # Every GPU check of the project in one call, for a GPU machine (< 10 min on one H200):
 #   1. the CUDA tests (tests/gpu: the step's synchronisations, CUDA's attention kernels against
 #      math, a profiled run with background saves resumed to the sample);
-#   2. the SDPA kernels side by side at the big model's shapes (bench.attention);
-#   3. bench/gpu.sh's table (tokens/s, MFU, memory of the big model).
+#   2. the SDPA kernels side by side at the big model's shapes (bench `attention_gpu`);
+#   3. bench/gpu.sh's table (tokens/s, MFU, memory of the big model; bench `gpu`).
 #
-#   bash bench/gpu_checks.sh [OUT_DIR]     # from the repository root; logs and rows in OUT_DIR
+#   bash tests/gpu/checks.sh [OUT_DIR]     # from the repository root; logs and rows in OUT_DIR
 #
 # Python as bench/gpu.sh picks it; packages a GPU image lacks travel as wheels in .whl/
 # (`bash bench/gpu.sh --fetch-wheels` where pip reaches PyPI). Exit status: 1 if a part failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT_DIR=${1:-/tmp/paperscale-gpu-checks}
 mkdir -p "$OUT_DIR"
 if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON
@@ -38,8 +38,11 @@ part() {  # part NAME LIMIT_S COMMAND...: one part, its log in OUT_DIR/NAME.log
     [[ $rc -eq 0 ]] || status=1
 }
 part tests 240 "$PY" -m pytest -q -ra -s -p no:cacheprovider -m gpu tests/gpu
-part attention 60 "$PY" -m bench.attention --config configs/big.yaml --json "$OUT_DIR/attention.json"
-# bench/gpu.sh starts no configuration after its budget; what is left of 9 minutes in all
-export GPU_BENCH_BUDGET_S=$((540 - 170 - SECONDS)) PYTHON=$PY
-part gpu 600 bash bench/gpu.sh --json "$OUT_DIR/gpu.json"
+# The GPU benches through the suite: their tables (command, this machine, date) in
+# OUT_DIR/report.json, which `python -m bench.suite --import OUT_DIR/report.json` writes into
+# bench/RESULTS.md on the machine the repository lives on. bench/gpu.sh starts no
+# configuration after its budget: what is left of 9.5 minutes in all.
+export GPU_BENCH_BUDGET_S=$((570 - 240 - 30 - SECONDS))
+part benches 600 "$PY" -m bench.suite --only attention_gpu,gpu --verbose \
+    --json "$OUT_DIR/report.json" --results "$OUT_DIR/RESULTS.md" --work-dir "$OUT_DIR/work"
 exit $status
