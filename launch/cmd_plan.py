@@ -94,8 +94,10 @@ def device_speed(
     from launch.cost_model.speed import (
         ASSUMED_MFU,
         ASSUMED_OVERHEAD_S,
+        MEASURED_GPUS,
         assumed_speed,
         calibration_applies,
+        gpu_measured_speed,
         load_calibration,
         measured_speed,
     )
@@ -119,6 +121,12 @@ def device_speed(
         )
         return measured_speed(cal, model), cal.precision, how, gpu_mem
     precision, how, gpu_mem, peak = plan_gpu(args, job.train.precision)
+    measured = MEASURED_GPUS.get(spec.key) if spec else None
+    if measured and precision == "bf16" and args.mfu is None and args.overhead_ms is None:
+        ranks = args.nodes * args.gpus_per_node
+        compiled = bool(job.train.compile)
+        speed = gpu_measured_speed(spec.key, peak, measured, compiled, ranks, why)
+        return speed, precision, how, gpu_mem
     overhead = ASSUMED_OVERHEAD_S if args.overhead_ms is None else args.overhead_ms / 1e3
     mfu = ASSUMED_MFU if args.mfu is None else args.mfu
     name = spec.key if spec else "GPU (no --gpu)"

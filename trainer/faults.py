@@ -16,6 +16,9 @@ named by `PAPERSCALE_FAULT_RANK` (default 0):
   PAPERSCALE_FAULT_TERM_AT=4:0          SIGTERM to this rank's whole process group (as Slurm's
                                         preemption does) after micro-batch 0 of step 4
   PAPERSCALE_FAULT_NAN_FROM_STEP=4      the model's output is NaN from step 4 on
+  PAPERSCALE_FAULT_SLOW_FROM_STEP=6:1.5 sleep 1.5 s after every step from step 6 on (a run
+                                        slow enough for a signal from outside to find it
+                                        still training)
   PAPERSCALE_FAULT_SKIP_SPACE_CHECK=1   save without the free-space check (to fill a disk)
 """
 
@@ -48,6 +51,7 @@ class Faults:
     hang_at_step: int | None = None
     nan_from_step: int | None = None
     term_at: tuple[int, int] | None = None  # (step, micro-batch)
+    slow_from: tuple[int, float] | None = None  # (step, seconds of sleep after each step)
     skip_space_check: bool = False
     step: int = 0  # the step being run or saved, kept current by the loop
     files_written: int = 0  # files this rank wrote in the save under way
@@ -70,6 +74,9 @@ class Faults:
             faults.hang_at_step = int(hang)
         if nan := env.get(PREFIX + "NAN_FROM_STEP"):
             faults.nan_from_step = int(nan)
+        if slow := env.get(PREFIX + "SLOW_FROM_STEP"):
+            step, seconds = slow.split(":")
+            faults.slow_from = (int(step), float(seconds))
         if term := env.get(PREFIX + "TERM_AT"):
             step, micro = (int(x) for x in term.split(":"))
             faults.term_at = (step, micro)
@@ -99,6 +106,8 @@ class Faults:
         if step == self.hang_at_step:
             _announce(f"hanging after step {step}")
             time.sleep(3600)
+        if self.slow_from is not None and step >= self.slow_from[0]:
+            time.sleep(self.slow_from[1])
 
     def between_micro(self, step: int, micro: int) -> None:
         """Called after each micro-batch of a step but the last."""

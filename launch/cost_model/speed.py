@@ -35,6 +35,27 @@ from typing import Any
 
 ASSUMED_MFU = 0.4
 ASSUMED_OVERHEAD_S = 0.010
+
+
+@dataclass(frozen=True)
+class GpuMeasurement:
+    """A GPU model's step measured end to end by bench/gpu.sh (bench/RESULTS.md, section
+    gpu): model FLOPs / step time / the table's peak, every overhead of one GPU's step inside."""
+
+    mfu_eager: float
+    mfu_compiled: float
+    where: str
+
+
+# The big model at ~25k tokens per side, bf16, ZeRO 1, one GPU: the MFU at the paper's batch (a
+# larger micro-batch computes at a higher one, so the plan errs slow there). Ranks > 1 add the
+# gradient all-reduce's unoverlapped share, assumed (COMM_OVERHEAD_S; nothing measured yet).
+MEASURED_GPUS = {
+    "H200": GpuMeasurement(
+        0.235, 0.319, "bench/gpu.sh on one H200, 2026-12-04: 360k tokens/s eager, 489k compiled"
+    ),
+}
+COMM_OVERHEAD_S = 0.002
 CALIBRATION_FORMAT = 1  # bumped when the file's meaning changes
 
 
@@ -152,6 +173,25 @@ def assumed_speed(
         f"overhead {overhead_s * 1e3:g} ms per step" + (f" ({why})" if why else "")
     )
     return Speed(name, False, peak_flops, mfu, overhead_s, 0.0, line)
+
+
+def gpu_measured_speed(
+    name: str, peak_flops: float, measured: GpuMeasurement, compiled: bool, ranks: int,
+    why: str = "",
+) -> Speed:  # fmt: skip
+    """A GPU model measured here by bench/gpu.sh: its end-to-end MFU, plus the all-reduce's
+    assumed share where there is more than one rank."""
+    mfu = measured.mfu_compiled if compiled else measured.mfu_eager
+    overhead = COMM_OVERHEAD_S if ranks > 1 else 0.0
+    line = (
+        f"{name}: MFU {mfu:.3f} of its {peak_flops / 1e12:g} TFLOP/s peak measured end to end "
+        f"({'torch.compile' if compiled else 'eager'}; {measured.where}; bench/RESULTS.md), "
+        f"overheads of one GPU's step included"
+        + (f"; + {overhead * 1e3:g} ms per step for the gradient all-reduce (assumed)"
+           if overhead else "")
+        + (f" ({why})" if why else "")
+    )  # fmt: skip
+    return Speed(name, True, peak_flops, mfu, overhead, 0.0, line)
 
 
 def calibration_applies(cal: Calibration, gpu_key: str | None, precision: str) -> str:

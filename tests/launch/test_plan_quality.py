@@ -87,14 +87,15 @@ def test_cli_prints_the_time_to_bleu_and_its_reasoning() -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "target           458,752 tokens per side per step (config: 14,336 x 4 x 8 ranks)" in out
-    assert "H200: not measured here; assumed peak 989 TFLOP/s, MFU 0.40, overhead 10 ms" in out
+    assert "H200: MFU 0.235 of its 989 TFLOP/s peak measured end to end (eager;" in out
+    assert "+ 2 ms per step for the gradient all-reduce (assumed)" in out
     assert "time to BLEU     29.3 (fairseq-scaling: Ott et al. 2018" in out
     assert "/ 458,752 per step = 24,000 steps ->" in out
     assert "as configured    14,336 x 4 x 8 ranks = 458,752 tokens per side at ZeRO 1 (fits" in out
     plan = json.loads(_plan_cli(*args, "--json").stdout)
-    assert plan["quality"]["steps"] == 24_000 and plan["speed_measured"] is False
+    assert plan["quality"]["steps"] == 24_000 and plan["speed_measured"] is True
     assert plan["quality"]["hours"] == pytest.approx(24_000 * plan["step_s"] / 3600)
-    assert plan["step_s"] == pytest.approx(plan["compute_s"] + 0.010)
+    assert plan["step_s"] == pytest.approx(plan["compute_s"] + 0.002) and plan["mfu"] == 0.235
     assert plan["micro_tokens"] == 57_344 and plan["grad_accum"] == 1  # 141 GiB hold the share
 
 
@@ -123,3 +124,16 @@ def test_cli_bad_args_exit_2_one_line(bad: list[str], needle: str) -> None:
     proc = _plan_cli("--config", "configs/big.yaml", *bad)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+
+
+def test_a_measured_gpu_uses_its_measured_mfu_unless_told_otherwise() -> None:
+    """H200 was measured by bench/gpu.sh (bench/RESULTS.md): eager and compiled MFU, no
+    all-reduce on one GPU; --mfu or --overhead-ms go back to the assumed model."""
+    base = ("--config", "configs/big.yaml", "--gpu", "h200", "--nodes", "1", "--json")
+    one = json.loads(_plan_cli(*base, "--gpus-per-node", "1").stdout)
+    assert one["speed_measured"] is True and one["mfu"] == 0.235
+    assert one["step_s"] == pytest.approx(one["compute_s"])  # no all-reduce on one GPU
+    compiled = json.loads(_plan_cli(*base, "--gpus-per-node", "1", "train.compile=true").stdout)
+    assert compiled["mfu"] == 0.319
+    told = json.loads(_plan_cli(*base, "--mfu", "0.5").stdout)
+    assert told["speed_measured"] is False and told["mfu"] == 0.5

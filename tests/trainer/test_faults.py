@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import time
 from pathlib import Path
 
 from trainer.checkpoint.disk import estimate_bytes, write_error
@@ -38,3 +39,15 @@ def test_write_error_names_a_full_disk(tmp_path: Path) -> None:
     assert "No space left on device" in full
     other = write_error(tmp_path / "f.pt", RuntimeError("boom\nmore"))
     assert other.endswith("f.pt: boom") or "No space left" in other
+
+
+def test_a_slowed_run_sleeps_after_each_step_from_its_step() -> None:
+    faults = Faults.from_env(0, {"PAPERSCALE_FAULT_SLOW_FROM_STEP": "3:0.05"})
+    assert faults.slow_from == (3, 0.05)
+    assert Faults.from_env(1, {"PAPERSCALE_FAULT_SLOW_FROM_STEP": "3:0.05"}).slow_from is None
+    took = []
+    for step in (2, 3, 4):
+        start = time.perf_counter()
+        faults.after_step(step)
+        took.append(time.perf_counter() - start)
+    assert min(took[1:]) >= 0.05  # steps 3 and 4 slept

@@ -60,6 +60,13 @@ def submit_tiny(
     return submitted_job(proc)
 
 
+def stopped_step(log_text: str) -> int:
+    """The step a signal stopped the job at, from its log (the log's tail when it has none)."""
+    found = re.search(r"stopped at step (\d+) after a signal", log_text)
+    assert found, f"no 'stopped at step N after a signal' in the job's log:\n{log_text[-3000:]}"
+    return int(found[1])
+
+
 def metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -170,7 +177,7 @@ def test_preempted_job_requeues_and_matches_the_straight_run(
     text = log.read_text()
     assert fields["JobState"] == "COMPLETED", f"{fields}\n{text[-2000:]}\n{slurm.logs(6000)}"
     assert fields["Restarts"] == "1"
-    stopped = int(re.search(r"stopped at step (\d+) after a signal", text)[1])  # type: ignore[index]
+    stopped = stopped_step(text)
     assert 6 <= stopped < STEPS
     assert "SIGUSR1 received" in text and f"requeueing job {job_id}" in text
     assert f"slurm job {job_id} (restart 1)" in text
@@ -282,7 +289,7 @@ def test_time_limit_warning_saves_and_requeues(
     finally:
         subprocess.run(["scancel", job_id], env=slurm.env(), timeout=60)
     text = log.read_text()
-    stopped = int(re.search(r"stopped at step (\d+) after a signal", text)[1])  # type: ignore[index]
+    stopped = stopped_step(text)
     assert "SIGUSR1 received" in text and f"requeueing job {job_id}" in text
     assert (run_dir / "checkpoints/latest").read_text().strip() == f"step_{stopped:08d}"
     assert "TIMEOUT" not in text
@@ -326,7 +333,10 @@ def test_preempted_by_a_higher_partition_resumes_and_matches_the_straight_run(
     USR1 first. The job saves the step it is at, exits, is requeued by Slurm, resumes after
     the high-priority job ended and finishes with the uninterrupted job's losses."""
     run_dir = tmp_path / "run"
-    job_id = submit_tiny(slurm, synthetic_data, run_dir, None, "--partition", "low")
+    # slowed from step 6, so that the preemption finds it training (36 steps could end
+    # before Slurm schedules the high-priority job)
+    slow = {"PAPERSCALE_FAULT_SLOW_FROM_STEP": "6:1.0"}
+    job_id = submit_tiny(slurm, synthetic_data, run_dir, slow, "--partition", "low")
     log = run_dir / "logs" / f"slurm-{job_id}.out"
     wait_for_steps(slurm, job_id, run_dir, 6)
     high = subprocess.run(
@@ -342,7 +352,7 @@ def test_preempted_by_a_higher_partition_resumes_and_matches_the_straight_run(
     text = log.read_text()
     assert fields["JobState"] == "COMPLETED", f"{fields}\n{text[-2000:]}\n{slurm.logs(6000)}"
     assert fields["Restarts"] == "1"
-    stopped = int(re.search(r"stopped at step (\d+) after a signal", text)[1])  # type: ignore[index]
+    stopped = stopped_step(text)
     assert 6 <= stopped < STEPS and "SIGTERM received" in text
     assert f"slurm job {job_id} (restart 1)" in text and f"at step {stopped}" in text
     straight, resumed = losses(straight_run[0]), losses(run_dir)
@@ -369,7 +379,7 @@ def test_scancel_saves_and_a_new_submit_resumes_from_there(
     fields = wait_for(slurm, job_id, finished, 120, "cancelled", log)
     assert fields["JobState"] == "CANCELLED", fields
     text = log.read_text()
-    stopped = int(re.search(r"stopped at step (\d+) after a signal", text)[1])  # type: ignore[index]
+    stopped = stopped_step(text)
     assert 6 <= stopped < STEPS and "requeueing" not in text
     assert (run_dir / "checkpoints/latest").read_text().strip() == f"step_{stopped:08d}"
 
