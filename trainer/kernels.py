@@ -10,7 +10,7 @@ model's attention at its shapes, each SDPA kernel side by side; figures in bench
   dtype, shapes and mask). Measured on an H200 at the big preset's shapes (bench attention_gpu,
   bench/RESULTS.md): the fastest kernel or within 7 % of it in 17 of 18 cases (fp32 and bf16,
   the three forms, T of 24, 64 and 128), 1.22x the memory-efficient kernel's time in one (bf16,
-  no mask, T=24); math is 2.3-6x slower.
+  no mask, T=24); math is 1.5-6.1x slower than the fastest.
 
 A name (`math`, `flash`, `efficient`, `cudnn`) restricts torch to that kernel; `default` leaves
 the choice to torch on every device. The resolved name is written to the run's config, so that
