@@ -11,13 +11,14 @@ import math
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.profiler import record_function
 
-from data_pipeline.loader import TokenBatchStream
+from data_pipeline.loader import Batch, TokenBatchStream
 from data_pipeline.manifest import tokenizer_path
 from trainer import attempts
 from trainer.budget import Budget
@@ -38,6 +39,8 @@ from trainer.signals import EXIT_NONFINITE, EXIT_SAVE_FAILED, LoopGuard, StopReq
 from trainer.sinks import open_sinks
 from trainer.state import DataPosition, RngState, TrainState, rng_preserved
 from trainer.step import (
+    LogWindow,
+    LoopFlags,
     batch_flops,
     loss_finite_everywhere,
     nonfinite_flag,
@@ -126,9 +129,7 @@ class Trainer:
         self.evaluator = Evaluator(self.engine, self.job, settled.tokenizer, env)
         self.profiler = StepProfiler(self.job, settled.precision.precision, run, env)
         self.timer = Throughput()
-        self.window = torch.zeros(4, dtype=torch.float64, device=env.device)
-        self.window_flops = 0.0  # this rank's training FLOPs since the last log step
-        self.window_steps = 0  # steps summed in the window
+        self.window = LogWindow(env.device)
         self.record: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.first_loss: float | None = None
@@ -138,13 +139,19 @@ class Trainer:
         self.step_sums: torch.Tensor | None = None
         self.started = time.perf_counter()
         self.last_save = time.monotonic()
+        # what restore_and_open() and guarded() set, before the first step
+        self.resumed_at: int | None = None  # the step of the checkpoint restored
+        self.start_step = 0  # the step this process started at
+        self.logger = MetricsLogger([])  # the sinks (rank 0's)
+        self.peak = 0.0  # the ranks' matmul peak FLOP/s (0: unknown, no MFU)
+        self.batches: Iterator[Batch] = iter(())  # the stream, opened
+        self.watchdog = Watchdog(self.cfg.dist_timeout_s, None)  # armed with the stacks' path
 
     # -- setup ----------------------------------------------------------------------------
 
     def restore_and_open(self) -> None:
         """Restore the latest checkpoint (engine, train state, data position, RNG), then open
         the sinks and measure the peak without moving the restored random streams."""
-        self.resumed_at: int | None = None
         if self.settled.tag is not None:
             self.checkpoints.restore(self.settled.tag)
             self.resumed_at = self.state.step
@@ -211,7 +218,8 @@ class Trainer:
             self.abandon,
             step_guards_update(self.cfg, self.job.optim),
         )
-        self.stopping, self.save_due, *budget_flags, prev_nonfinite = result.flags
+        flags = LoopFlags.of(result.flags)
+        self.stopping, self.save_due = flags.stop, flags.save_due
         self.record = {}
         if not result.completed:  # skipped or abandoned on a stop request: undo what it read
             self.checkpoints.rewind(before)
@@ -225,16 +233,14 @@ class Trainer:
                 )
             return
         self.step_sums = result.sums
-        self.window += result.sums
-        self.window_steps += 1
-        self.window_flops += batch_flops(self.model_cfg, micro)
+        self.window.add(result.sums, batch_flops(self.model_cfg, micro))
         self.state.step += 1
         self.faults.after_step(self.state.step)
         with self.timer.paused():  # a budget's calibration evaluates and decodes
             save_s, lr = self.checkpoints.expected_save_s(), self.engine.get_lr()[0]
-            self.record |= self.budget.after_step(self.state.step, budget_flags, self.evaluator,
+            self.record |= self.budget.after_step(self.state.step, flags.budget, self.evaluator,
                                                   save_s, lr)  # fmt: skip
-        self.nonfinite_streak = self.nonfinite_streak + 1 if prev_nonfinite else 0
+        self.nonfinite_streak = self.nonfinite_streak + 1 if flags.prev_nonfinite else 0
         if self.nonfinite_streak >= self.cfg.max_nonfinite:
             step, n = self.state.step, self.nonfinite_streak
             self.failure = (
@@ -269,40 +275,31 @@ class Trainer:
         FLOPs and its skipped-sample counters, summed over ranks."""
         step = self.state.step
         due = self._log_due(step) or self._final()
-        if not self.window_steps or not (due or self.stopping):
+        if not self.window.steps or not (due or self.stopping):
             return
-        extra = torch.tensor(
-            [self.window_flops, *skipped_counts(self.stream)],
-            dtype=torch.float64,
-            device=self.env.device,
-        )
-        reduced = torch.cat([self.window, extra])
-        torch.distributed.all_reduce(reduced)
-        loss_sum, nll_sum, tgt, src, flops, skip_long, skip_corrupt = reduced.tolist()
-        steps = self.window_steps
-        self.window.zero_()
-        self.window_flops, self.window_steps = 0.0, 0
+        w = self.window.reduce(skipped_counts(self.stream))
+        tgt, src = w.tgt_tokens, w.src_tokens
         self.state.tokens_seen += int(src + tgt)
         seconds = self.timer.lap()
         self.record.update(
             {
-                "loss": loss_sum / tgt,
-                "ppl": math.exp(min(nll_sum / tgt, 50.0)),
+                "loss": w.loss / tgt,
+                "ppl": math.exp(min(w.nll / tgt, 50.0)),
                 "lr": self.engine.get_lr()[0],
                 **optimizer_metrics(self.engine, self.cfg.precision),
                 "src_tokens_per_s": src / seconds,
                 "tgt_tokens_per_s": tgt / seconds,
                 "tokens_per_s": (src + tgt) / seconds,
-                "tgt_tokens_per_step": tgt / steps,  # real (unpadded) target tokens, all ranks
+                "tgt_tokens_per_step": tgt / w.steps,  # real (unpadded) target tokens, all ranks
                 "tokens_seen": self.state.tokens_seen,
                 "attempt": attempts.restart_count(),  # torchrun's restarts of the group so far
             }
         )
         if self.peak:
-            self.record["mfu"] = flops / seconds / self.peak
+            self.record["mfu"] = w.flops / seconds / self.peak
         self.record.update(memory_metrics(self.env.device))
-        self.record["samples_skipped_long"] = int(skip_long)
-        self.record["samples_skipped_corrupt"] = int(skip_corrupt)
+        self.record["samples_skipped_long"] = int(w.skipped_long)
+        self.record["samples_skipped_corrupt"] = int(w.skipped_corrupt)
         if self.first_loss is None:
             self.first_loss = self.record["loss"]
 

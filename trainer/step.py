@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,21 @@ class StepResult:
     flags: list[bool]
     completed: bool
     micro_batches_run: int = 0  # of an incomplete step: 0 = skipped, else abandoned after
+
+
+class LoopFlags(NamedTuple):
+    """The loop's flags of one step as every rank agreed them in the step's collective (the
+    order `Trainer.step` passes them to `train_step`: host flags, then the device flag)."""
+
+    stop: bool  # a stop request (a signal) on some rank
+    save_due: bool  # train.save_every_minutes elapsed on rank 0
+    budget: list[bool]  # trainer/budget.py's flags
+    prev_nonfinite: bool  # the previous step's loss was not finite on some rank
+
+    @classmethod
+    def of(cls, agreed: list[bool]) -> LoopFlags:
+        stop, save_due, *budget, prev_nonfinite = agreed
+        return cls(stop, save_due, budget, prev_nonfinite)
 
 
 def train_step(
@@ -166,3 +181,42 @@ def skipped_counts(stream: TokenBatchStream) -> list[float]:
     """This rank's cumulative (too long, corrupt) skipped-sample counters."""
     stats = stream.stats()
     return [float(stats["samples_skipped_long"]), float(stats["samples_skipped_corrupt"])]
+
+
+class WindowTotals(NamedTuple):
+    """The steps of a log window summed over all ranks (`LogWindow.reduce`)."""
+
+    loss: float  # sum of the label-smoothed token losses
+    nll: float  # sum of the token negative log-likelihoods
+    tgt_tokens: float  # real (unpadded) target tokens
+    src_tokens: float
+    flops: float  # training FLOPs (trainer/flops.py's count)
+    skipped_long: float  # samples the loader skipped so far: too long
+    skipped_corrupt: float  # and unreadable
+    steps: int  # steps in the window (each rank's; the same on all)
+
+
+class LogWindow:
+    """This rank's sums of the steps since the last log step: the step's sums (StepResult.sums
+    on the device, no sync per step) and its FLOPs (on the host)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)  # as StepResult.sums
+        self.flops = 0.0
+        self.steps = 0
+
+    def add(self, sums: torch.Tensor, flops: float) -> None:
+        self.sums += sums
+        self.flops += flops
+        self.steps += 1
+
+    def reduce(self, skipped: list[float]) -> WindowTotals:
+        """The window over all ranks, with the loader's skip counters (one all-reduce, one
+        host sync); then empty again."""
+        extra = torch.tensor([self.flops, *skipped], dtype=torch.float64, device=self.sums.device)
+        reduced = torch.cat([self.sums, extra])  # (7,): the sums, FLOPs, the skip counters
+        dist.all_reduce(reduced)
+        totals = WindowTotals(*reduced.tolist(), steps=self.steps)
+        self.sums.zero_()
+        self.flops, self.steps = 0.0, 0
+        return totals
