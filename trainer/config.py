@@ -38,8 +38,8 @@ class OptimConfig:
     clip_grad: float = 0.0  # 0 = no clipping (the paper)
     fused: bool = True  # torch's fused Adam kernel (CUDA and CPU); false: its per-tensor loop
     # The gradient norm (logged as grad_norm): computed on the steps that log (train.log_every)
-    # and, where clip_grad > 0 needs it, on every step; false: never (no norm kernels, no
-    # collective, and none of the device syncs DeepSpeed's norm makes, two per step on CUDA).
+    # and on every step where clip_grad > 0 (or fp32's unfused Adam) needs it; false: never (no
+    # norm kernels, no collective, none of the device syncs DeepSpeed's norm makes: 2 on CUDA).
     grad_norm: bool = True
 
     def problems(self) -> list[tuple[str, str]]:

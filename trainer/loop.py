@@ -207,7 +207,7 @@ class Trainer:
             and self.cfg.save_every_minutes
             and time.monotonic() - self.last_save >= 60 * self.cfg.save_every_minutes
         )
-        ask_grad_norm(self.engine, self.job.optim, self._log_due(self.state.step + 1))
+        ask_grad_norm(self.engine, self.cfg, self.job.optim, self._log_due(self.state.step + 1))
         result = train_step(
             self.engine,
             micro,

@@ -107,7 +107,7 @@ def test_the_grad_norm_is_computed_on_the_steps_asked_for(env: DistEnv) -> None:
     since DeepSpeed's check runs on log steps only; with clipping the norm is computed in every
     step and DeepSpeed's check guards."""
     job = load_config(None, [*TINY, "train.precision=fp32"])
-    assert step_guards_update(job.train, job.optim) and not norm_every_step(job.optim)
+    assert step_guards_update(job.train, job.optim) and not norm_every_step(job.train, job.optim)
     engine = engine_for(env, "train.precision=fp32")
     for seed, on in enumerate((False, True, False)):
         assert compute_grad_norm_for(engine, on)
@@ -118,8 +118,14 @@ def test_the_grad_norm_is_computed_on_the_steps_asked_for(env: DistEnv) -> None:
         norm = engine.get_global_grad_norm()
         assert (norm is not None and math.isfinite(float(norm))) if on else norm is None
     clipped = load_config(None, [*TINY, "train.precision=fp32", "optim.clip_grad=1.0"])
-    assert norm_every_step(clipped.optim)
+    assert norm_every_step(clipped.train, clipped.optim)
     assert not step_guards_update(clipped.train, clipped.optim)
+    # the unfused Adam in fp32: DeepSpeed's check of the norm is the only guard, every step
+    unfused = load_config(None, [*TINY, "train.precision=fp32", "optim.fused=false"])
+    assert norm_every_step(unfused.train, unfused.optim)
+    assert not step_guards_update(unfused.train, unfused.optim)
+    bf16 = load_config(None, [*TINY, "train.precision=bf16", "optim.fused=false"])
+    assert not norm_every_step(bf16.train, bf16.optim)  # DeepSpeed's overflow check guards
 
 
 def state(engine: Any) -> list[torch.Tensor]:
@@ -135,8 +141,9 @@ def state(engine: Any) -> list[torch.Tensor]:
     "over",
     [("train.precision=bf16",), ("train.precision=fp32",),
      ("train.precision=fp32", "optim.clip_grad=100.0"),
-     ("train.precision=fp32", "optim.grad_norm=false")],
-    ids=["bf16", "fp32", "fp32-clipped", "fp32-no-grad-norm"],
+     ("train.precision=fp32", "optim.grad_norm=false"),
+     ("train.precision=fp32", "optim.fused=false")],
+    ids=["bf16", "fp32", "fp32-clipped", "fp32-no-grad-norm", "fp32-unfused"],
 )  # fmt: skip
 def test_a_non_finite_step_changes_nothing(env: DistEnv, over: tuple[str, ...]) -> None:
     """Whoever guards the update (the step, or DeepSpeed's norm check in fp32 where the norm
@@ -144,7 +151,7 @@ def test_a_non_finite_step_changes_nothing(env: DistEnv, over: tuple[str, ...]) 
     job = load_config(None, [*TINY, *over])
     guard = step_guards_update(job.train, job.optim)
     engine = engine_for(env, *over)
-    if job.optim.grad_norm and not norm_every_step(job.optim):
+    if job.optim.grad_norm and not norm_every_step(job.train, job.optim):
         assert compute_grad_norm_for(engine, False)
     step(engine, env, 0, guard)
     before = state(engine)

@@ -19,10 +19,12 @@ def skips_nonfinite_steps(optim: OptimConfig) -> bool:
     return optim.fused
 
 
-def norm_every_step(optim: OptimConfig) -> bool:
-    """Whether DeepSpeed computes the gradient norm in every step: where clipping needs it.
-    Otherwise the loop asks for it on log steps only (`compute_grad_norm_for`)."""
-    return optim.grad_norm and optim.clip_grad > 0
+def norm_every_step(train: TrainConfig, optim: OptimConfig) -> bool:
+    """Whether DeepSpeed computes the gradient norm in every step: where clipping needs it, and
+    in fp32 with the unfused Adam, where DeepSpeed's check of the norm is the only guard against
+    a non-finite step. Otherwise the loop asks for it on log steps only (`ask_grad_norm`)."""
+    unguarded_fp32 = train.precision == "fp32" and not skips_nonfinite_steps(optim)
+    return optim.grad_norm and (optim.clip_grad > 0 or unguarded_fp32)
 
 
 def step_guards_update(train: TrainConfig, optim: OptimConfig) -> bool:
@@ -32,12 +34,14 @@ def step_guards_update(train: TrainConfig, optim: OptimConfig) -> bool:
     scaler skips such steps itself."""
     if not skips_nonfinite_steps(optim):
         return False
-    return train.precision == "bf16" or (train.precision == "fp32" and not norm_every_step(optim))
+    return train.precision == "bf16" or (
+        train.precision == "fp32" and not norm_every_step(train, optim)
+    )
 
 
-def ask_grad_norm(engine: Any, optim: OptimConfig, logs: bool) -> None:
-    """Before a step: the gradient norm where the step logs it or clipping needs it."""
-    if optim.grad_norm and not norm_every_step(optim):
+def ask_grad_norm(engine: Any, train: TrainConfig, optim: OptimConfig, logs: bool) -> None:
+    """Before a step: the gradient norm where the step logs it or `norm_every_step`."""
+    if optim.grad_norm and not norm_every_step(train, optim):
         compute_grad_norm_for(engine, logs)
 
 
