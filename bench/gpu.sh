@@ -52,7 +52,7 @@ if [[ $MODE == fetch ]]; then
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .whl \
         hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions \
-        omegaconf
+        omegaconf webdataset braceexpand
     ls -la .whl
     exit 0
 fi
