@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from trainer.events import LoopObserver
+
 PREFIX = "PAPERSCALE_FAULT_"
 
 
@@ -43,8 +45,9 @@ def _for_attempt(value: str, attempt: int) -> str | None:
 
 
 @dataclass
-class Faults:
-    """The faults this rank injects, read once from the environment."""
+class Faults(LoopObserver):
+    """The faults this rank injects, read once from the environment; it watches the loop
+    (trainer/events.py) and the checkpoint manager's saves."""
 
     kill_at_step: int | None = None
     kill_in_save: tuple[int, int] | None = None  # (step, files written before the kill)
@@ -98,8 +101,11 @@ class Faults:
 
         module.register_forward_hook(poison)
 
-    def after_step(self, step: int) -> None:
-        """Called between the optimizer step and the step's logging collective."""
+    def step_begins(self, done: int) -> None:
+        self.step = done + 1
+
+    def step_ended(self, step: int) -> None:
+        """Between the optimizer step and the step's logging collective."""
         if step == self.kill_at_step:
             _announce(f"SIGKILL after step {step}")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -109,8 +115,8 @@ class Faults:
         if self.slow_from is not None and step >= self.slow_from[0]:
             time.sleep(self.slow_from[1])
 
-    def between_micro(self, step: int, micro: int) -> None:
-        """Called after each micro-batch of a step but the last."""
+    def micro_batch_ended(self, step: int, micro: int) -> None:
+        """After each micro-batch of a step but the last."""
         if (step, micro) == self.term_at:
             _announce(f"SIGTERM to the process group after micro-batch {micro} of step {step}")
             os.killpg(os.getpgrp(), signal.SIGTERM)

@@ -28,6 +28,7 @@ from trainer.checkpoint.safe_load import forbid_code_in_checkpoints
 from trainer.dist import DistEnv, broadcast_str, init_distributed
 from trainer.ds.config import ask_grad_norm, step_guards_update
 from trainer.ds.engine import build_engine, seed_everything
+from trainer.events import LoopEvents
 from trainer.export import export_checkpoint
 from trainer.faults import Faults
 from trainer.metrics import MetricsLogger, Throughput, memory_metrics, stderr_warn
@@ -107,8 +108,8 @@ class Trainer:
             horizon=self.budget.horizon_for(self.job.optim.schedule),
         )  # fmt: skip
         seed_everything(self.cfg.seed * 1000 + env.rank)  # per-rank dropout streams
-        self.faults = Faults.from_env(env.rank)
-        self.faults.install(self.engine.module)
+        faults = Faults.from_env(env.rank)  # the fault tests' seam: idle unless asked for
+        faults.install(self.engine.module)
         self.data_dir = Path(self.job.data.dir)
         self.stream = TokenBatchStream(
             self.data_dir, "train", self.job.data, rank=env.rank, world_size=env.world_size,
@@ -123,11 +124,12 @@ class Trainer:
             {"data": DataPosition(self.stream), "rng": RngState()},
             keep_last=self.cfg.keep_last,
             meta={"model": self.model_cfg.__dict__, "config": settled.resolved},
-            precision=self.cfg.precision, check_space=not self.faults.skip_space_check,
-            observers=[self.faults], host_group=self.control_group,
+            precision=self.cfg.precision, check_space=not faults.skip_space_check,
+            observers=[faults], host_group=self.control_group,
         )  # fmt: skip
         self.evaluator = Evaluator(self.engine, self.job, settled.tokenizer, env)
         self.profiler = StepProfiler(self.job, settled.precision.precision, run, env)
+        self.events = LoopEvents([self.profiler, faults])
         self.timer = Throughput()
         self.window = LogWindow(env.device)
         self.record: dict[str, float] = {}
@@ -197,8 +199,7 @@ class Trainer:
         non-finite loss travel in the step's one collective, so all ranks see them together.
         A step that a stop request skips or abandons leaves the state of the last one."""
         self.watchdog.arm()
-        self.profiler.step_begins(self.state.step)
-        self.faults.step = self.state.step + 1
+        self.events.step_begins(self.state.step)
         before = self.checkpoints.rank_states()  # data position and RNG before this step
         with record_function(REGION_DATA):
             micro = [next(self.batches) for _ in range(self.cfg.grad_accum)]
@@ -235,7 +236,7 @@ class Trainer:
         self.step_sums = result.sums
         self.window.add(result.sums, batch_flops(self.model_cfg, micro))
         self.state.step += 1
-        self.faults.after_step(self.state.step)
+        self.events.step_ended(self.state.step)
         with self.timer.paused():  # a budget's calibration evaluates and decodes
             save_s, lr = self.checkpoints.expected_save_s(), self.engine.get_lr()[0]
             self.record |= self.budget.after_step(self.state.step, flags.budget, self.evaluator,
@@ -254,7 +255,7 @@ class Trainer:
         """After micro-batch `micro` of a step: drop the step when a stop request came too long
         ago to finish it and still save within train.stop_grace_s. Agreed by all ranks (one
         host-side all-reduce on the control group; no device sync)."""
-        self.faults.between_micro(self.state.step + 1, micro)
+        self.events.micro_batch_ended(self.state.step + 1, micro)
         reserve = self.checkpoints.expected_save_s() + EXIT_MARGIN_S
         late = self.stop_request.past(self.cfg.stop_grace_s - reserve)
         if self.env.world_size == 1:

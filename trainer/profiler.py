@@ -26,13 +26,14 @@ from torch.autograd.profiler_util import FunctionEvent
 
 from trainer.config import ProfileConfig
 from trainer.dist import DistEnv
+from trainer.events import LoopObserver
 from trainer.run_dir import RunDir
 from trainer.step_time import OpTime, StepTimes, format_table, step_times
 
 STEP_EVENT = "ProfilerStep"  # `ProfilerStep#N` in the trace, `ProfilerStep*` in its events
 
 
-class StepProfiler:
+class StepProfiler(LoopObserver):
     """Drives torch.profiler over the loop's steps: `step_begins` at the start of each,
     `close` at the end (every rank calls both at the same steps)."""
 

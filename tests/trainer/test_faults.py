@@ -48,6 +48,6 @@ def test_a_slowed_run_sleeps_after_each_step_from_its_step() -> None:
     took = []
     for step in (2, 3, 4):
         start = time.perf_counter()
-        faults.after_step(step)
+        faults.step_ended(step)
         took.append(time.perf_counter() - start)
     assert min(took[1:]) >= 0.05  # steps 3 and 4 slept

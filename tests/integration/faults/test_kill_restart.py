@@ -120,5 +120,5 @@ def test_a_hung_rank_becomes_a_restart(
     # the stuck rank and where it waited, reported by the restarted attempt (rank 0 may have
     # left through its collective's timeout or its own watchdog: either is recorded)
     stuck = [x for x in out.splitlines() if x.startswith("paperscale: watchdog: rank 1 ")]
-    assert len(stuck) == 1 and "after_step at " in stuck[0] and "trainer/faults.py" in stuck[0]
+    assert len(stuck) == 1 and "step_ended at " in stuck[0] and "trainer/faults.py" in stuck[0]
     assert attempts[0].error is not None, attempts[0]
