@@ -31,12 +31,14 @@ from model.config import BOS_ID, EOS_ID
 from trainer.dist import init_distributed
 from trainer.ds.engine import build_engine
 from trainer.metrics import (
-    JsonlSink,
     MetricsLogger,
     Sink,
+    memory_metrics,
+)
+from trainer.sinks import (
+    JsonlSink,
     TensorBoardSink,
     WandbSink,
-    memory_metrics,
 )
 from trainer.step import optimizer_metrics, train_step
 

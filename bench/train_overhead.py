@@ -58,7 +58,8 @@ from launch.config import load_config  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
 from trainer.dist import init_distributed  # noqa: E402
 from trainer.ds.engine import build_engine, resolve_model_config, seed_everything  # noqa: E402
-from trainer.metrics import JsonlSink, MetricsLogger, Throughput  # noqa: E402
+from trainer.metrics import MetricsLogger, Throughput  # noqa: E402
+from trainer.sinks import JsonlSink  # noqa: E402
 from trainer.step import batch_flops, skipped_counts, train_step  # noqa: E402
 
 

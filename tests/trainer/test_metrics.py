@@ -10,16 +10,18 @@ from pathlib import Path
 import torch
 
 from trainer.metrics import (
-    ConsoleSink,
-    JsonlSink,
     MetricsLogger,
-    TensorBoardSink,
     Throughput,
-    WandbSink,
     memory_metrics,
-    open_sink,
 )
 from trainer.secrets import is_secret_name, scrub_secrets
+from trainer.sinks import (
+    ConsoleSink,
+    JsonlSink,
+    TensorBoardSink,
+    WandbSink,
+    open_sink,
+)
 
 
 class Exploding:
