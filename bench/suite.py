@@ -105,22 +105,33 @@ def _needs_demo_run() -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Bench:
-    """One registered bench: how to run it at full and at smoke size.
+    """One registered bench, declared once: its program and the arguments of each size.
 
-    Commands are argument lists run from the repository root; `{python}` is this interpreter,
-    `{json}` the rows file the suite reads, `{work}` a scratch directory of this bench's own.
-    `env` is set for the run (and shown with the command). `needs` says why the full run
-    cannot happen on this machine (None: it can); a smoke run is always possible.
+    The full command is `run + full + both + --json {json}`, the smoke one `run + --smoke +
+    smoke + both + --json {json}`; argument lists run from the repository root, `{python}` is
+    this interpreter, `{json}` the rows file the suite reads, `{work}` a scratch directory of
+    this bench's own. `env` is set for the run (and shown with the command). `needs` says why
+    the full run cannot happen on this machine (None: it can); a smoke run is always possible.
     """
 
     name: str
     about: str
-    full: tuple[str, ...]
-    smoke: tuple[str, ...]
-    env: Mapping[str, str]
-    timeout_s: float
-    smoke_timeout_s: float
-    needs: Callable[[], str | None] = _always
+    run: tuple[str, ...]
+    full_args: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
+    smoke_args: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
+    both: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
+    env: Mapping[str, str] = dataclasses.field(default_factory=lambda: ONE_THREAD, kw_only=True)
+    timeout_s: float = dataclasses.field(default=1800, kw_only=True)
+    smoke_timeout_s: float = dataclasses.field(default=300, kw_only=True)
+    needs: Callable[[], str | None] = dataclasses.field(default=_always, kw_only=True)
+
+    @property
+    def full(self) -> tuple[str, ...]:
+        return (*self.run, *self.full_args, *self.both, "--json", "{json}")
+
+    @property
+    def smoke(self) -> tuple[str, ...]:
+        return (*self.run, "--smoke", *self.smoke_args, *self.both, "--json", "{json}")
 
     def command(self, smoke: bool) -> tuple[str, ...]:
         return self.smoke if smoke else self.full
@@ -130,134 +141,70 @@ REGISTRY: tuple[Bench, ...] = (
     Bench(
         "decode",
         "Decoding sentences/s of greedy and beam 4 search, with and without the key/value cache.",
-        ("{python}", "bench/decode.py", "--json", "{json}"),
-        ("{python}", "bench/decode.py", "--smoke", "--json", "{json}"),
-        ONE_THREAD,
-        timeout_s=1800,
+        ("{python}", "bench/decode.py"),
         smoke_timeout_s=120,
     ),
     Bench(
         "decode_mixed",
         "Decoding sentences/s (cache on) of a batch of varied source lengths, each sentence "
         "ending at its own maximum length.",
-        ("{python}", "bench/decode.py", "--mixed", "--json", "{json}"),
-        ("{python}", "bench/decode.py", "--mixed", "--smoke", "--json", "{json}"),
-        ONE_THREAD,
-        timeout_s=1800,
+        ("{python}", "bench/decode.py", "--mixed"),
         smoke_timeout_s=120,
     ),
     Bench(
         "engines",
         "Serving engines on the demo model: sentences/s, test BLEU and outputs equal to ours, "
         "for paperscale, Transformers and CTranslate2 (fp32, int8), beam 4.",
-        (
-            "{python}",
-            "bench/decode.py",
-            "--engines",
-            DEMO_RUN,
-            "--data",
-            DEMO_DATA,
-            "--threads",
-            "1",
-            "--json",
-            "{json}",
-        ),
-        (
-            "{python}",
-            "bench/decode.py",
-            "--engines-smoke",
-            "--smoke",
-            "--threads",
-            "1",
-            "--json",
-            "{json}",
-        ),
-        ONE_THREAD,
+        ("{python}", "bench/decode.py"),
+        full_args=("--engines", "runs/demo", "--data", "data/debian-ende"),
+        smoke_args=("--engines-smoke",),
+        both=("--threads", "1"),
         timeout_s=3600,
-        smoke_timeout_s=300,
         needs=_needs_demo_run,
     ),
     Bench(
         "data",
         "Data pipeline: shard bytes per sample, loader tokens/s, padding at a 4,096-token "
         "budget, prepare pairs/s and peak memory.",
-        (
-            "{python}",
-            "-m",
-            "bench.data",
-            "--corpus",
-            DEBIAN_CORPUS,
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
-        ),
-        ("{python}", "-m", "bench.data", "--smoke", "--work", "{work}", "--json", "{json}"),
-        ONE_THREAD,
+        ("{python}", "-m", "bench.data"),
+        full_args=("--corpus", "corpus/debian-ende"),
+        both=("--work", "{work}"),
         timeout_s=3600,
-        smoke_timeout_s=300,
         needs=_needs_debian_corpus,
     ),
     Bench(
         "sinks",
         "Training step time with wandb (offline) + TensorBoard + jsonl against jsonl alone.",
-        ("{python}", "-m", "bench.sinks", "--repeats", "3", "--steps", "10", "--json", "{json}"),
-        ("{python}", "-m", "bench.sinks", "--smoke", "--json", "{json}"),
-        CPU_RANKS,
-        timeout_s=1800,
-        smoke_timeout_s=300,
+        ("{python}", "-m", "bench.sinks"),
+        full_args=("--repeats", "3", "--steps", "10"),
+        env=CPU_RANKS,
     ),
     Bench(
         "checkpoint",
         "Checkpoint size and save / load seconds of the base model on 2 CPU ranks, against "
         "`paperscale plan`'s estimate.",
-        (*TORCHRUN, "bench/checkpoint.py", "--config", "configs/base.yaml", "--json", "{json}"),
-        (*TORCHRUN, "bench/checkpoint.py", "--smoke", "--json", "{json}"),
-        CPU_RANKS,
-        timeout_s=1800,
-        smoke_timeout_s=300,
+        (*TORCHRUN, "bench/checkpoint.py"),
+        full_args=("--config", "configs/base.yaml"),
+        env=CPU_RANKS,
     ),
     Bench(
         "checkpoint_tiny",
         "Checkpoint size, save / load seconds and the background save's stall of the demo "
         "preset on 2 CPU ranks.",
-        (*TORCHRUN, "bench/checkpoint.py", "--config", "configs/tiny.yaml", "--json", "{json}"),
-        (*TORCHRUN, "bench/checkpoint.py", "--smoke", "--json", "{json}"),
-        CPU_RANKS,
+        (*TORCHRUN, "bench/checkpoint.py"),
+        full_args=("--config", "configs/tiny.yaml"),
+        env=CPU_RANKS,
         timeout_s=900,
-        smoke_timeout_s=300,
     ),
     Bench(
         "save_overhead",
         "Steps/s of `paperscale train` (tiny preset, 2 CPU ranks) with a save every 50 steps, "
         "synchronous and in the background, against no saves; and each run against its own "
         "median step.",
-        (
-            "{python}",
-            "-m",
-            "bench.save_overhead",
-            "--steps",
-            "150",
-            "--every",
-            "50",
-            "--repeats",
-            "1",
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
-        ),
-        (
-            "{python}",
-            "-m",
-            "bench.save_overhead",
-            "--smoke",
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
-        ),
-        CPU_RANKS,
+        ("{python}", "-m", "bench.save_overhead"),
+        full_args=("--steps", "150", "--every", "50", "--repeats", "1"),
+        both=("--work", "{work}"),
+        env=CPU_RANKS,
         timeout_s=2400,
         smoke_timeout_s=400,
     ),
@@ -266,26 +213,7 @@ REGISTRY: tuple[Bench, ...] = (
         "`paperscale plan`'s step model on this machine: one CPU rank's effective GFLOP/s and "
         "overheads per step and per micro-batch (tiny preset), and the model's error at the "
         "preset's own batch.",
-        (
-            "{python}",
-            "-m",
-            "bench.plan_calibration",
-            "--out",
-            "{work}/plan-calibration.json",
-            "--json",
-            "{json}",
-        ),
-        (
-            "{python}",
-            "-m",
-            "bench.plan_calibration",
-            "--smoke",
-            "--out",
-            "{work}/plan-calibration.json",
-            "--json",
-            "{json}",
-        ),
-        ONE_THREAD,
+        ("{python}", "-m", "bench.plan_calibration", "--out", "{work}/plan-calibration.json"),
         timeout_s=900,
         smoke_timeout_s=120,
     ),
@@ -293,34 +221,10 @@ REGISTRY: tuple[Bench, ...] = (
         "budget_schedules",
         "The same minutes of `paperscale train` (demo preset, 2 CPU ranks) with the budget's "
         "linear decay against the paper's inverse square root: valid nll, BLEU, steps.",
-        (
-            "{python}",
-            "-m",
-            "bench.time_to_quality",
-            "--study",
-            "schedules",
-            "--data",
-            DEMO_DATA,
-            "--minutes",
-            "12",
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
-        ),
-        (
-            "{python}",
-            "-m",
-            "bench.time_to_quality",
-            "--study",
-            "schedules",
-            "--smoke",
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
-        ),
-        CPU_RANKS,
+        ("{python}", "-m", "bench.time_to_quality", "--study", "schedules"),
+        full_args=("--data", "data/debian-ende", "--minutes", "12"),
+        both=("--work", "{work}"),
+        env=CPU_RANKS,
         timeout_s=2400,
         smoke_timeout_s=400,
         needs=_needs_demo_data,
@@ -329,34 +233,10 @@ REGISTRY: tuple[Bench, ...] = (
         "batch_scaling",
         "Steps and training seconds to the same valid nll at B and 2B target tokens per step "
         "(peak lr x sqrt 2), demo preset's model on 2 CPU ranks.",
-        (
-            "{python}",
-            "-m",
-            "bench.time_to_quality",
-            "--study",
-            "batch",
-            "--data",
-            DEMO_DATA,
-            "--steps",
-            "150",
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
-        ),
-        (
-            "{python}",
-            "-m",
-            "bench.time_to_quality",
-            "--study",
-            "batch",
-            "--smoke",
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
-        ),
-        CPU_RANKS,
+        ("{python}", "-m", "bench.time_to_quality", "--study", "batch"),
+        full_args=("--data", "data/debian-ende", "--steps", "150"),
+        both=("--work", "{work}"),
+        env=CPU_RANKS,
         timeout_s=3600,
         smoke_timeout_s=400,
         needs=_needs_demo_data,
@@ -365,84 +245,68 @@ REGISTRY: tuple[Bench, ...] = (
         "checkpoint_big",
         "Checkpoint size and save / load seconds of the big model on 2 CPU ranks, against "
         "`paperscale plan`'s estimate.",
-        (*TORCHRUN, "bench/checkpoint.py", "--config", "configs/big.yaml", "--json", "{json}"),
-        (*TORCHRUN, "bench/checkpoint.py", "--smoke", "train.zero_stage=1", "--json", "{json}"),
-        CPU_RANKS,
-        timeout_s=1800,
-        smoke_timeout_s=300,
+        (*TORCHRUN, "bench/checkpoint.py"),
+        full_args=("--config", "configs/big.yaml"),
+        smoke_args=("train.zero_stage=1",),
+        env=CPU_RANKS,
     ),
     Bench(
         "loss_memory",
         "Peak memory of the output projection and loss, forward and backward, at the base "
         "preset: logits materialised against the chunked loss.",
-        ("{python}", "-m", "bench.loss_memory", "--json", "{json}"),  # base.yaml by default
-        ("{python}", "-m", "bench.loss_memory", "--smoke", "--json", "{json}"),
-        ONE_THREAD,
+        ("{python}", "-m", "bench.loss_memory"),
         timeout_s=900,
-        smoke_timeout_s=300,
     ),
     Bench(
         "preemption",
         "Seconds from SIGTERM to every process of a 2-rank run to its checkpoint and exit 75, "
         "tiny and base presets.",
-        ("{python}", "-m", "bench.preemption", "--work", "{work}", "--json", "{json}"),
-        ("{python}", "-m", "bench.preemption", "--smoke", "--work", "{work}", "--json", "{json}"),
-        CPU_RANKS,
-        timeout_s=1800,
-        smoke_timeout_s=300,
+        ("{python}", "-m", "bench.preemption", "--work", "{work}"),
+        env=CPU_RANKS,
         needs=_needs_demo_data,
     ),
     Bench(
         "resume_drift",
         "Loss drift of a plain DeepSpeed save / load: optimizer against RNG restore, 2 CPU ranks.",
-        (*TORCHRUN, "bench/resume_drift.py", "--dir", "{work}", "--json", "{json}"),
-        (*TORCHRUN, "bench/resume_drift.py", "--smoke", "--dir", "{work}", "--json", "{json}"),
-        CPU_RANKS,
+        (*TORCHRUN, "bench/resume_drift.py", "--dir", "{work}"),
+        env=CPU_RANKS,
         timeout_s=1200,
-        smoke_timeout_s=300,
     ),
     Bench(
         "zero_memory",
-        "Measured per-rank memory of the model states under ZeRO 0-3 on 1 and 2 ranks "
-        "against `paperscale plan`.",
-        ("{python}", "bench/zero_memory.py", "--config", "configs/base.yaml", "--json", "{json}"),
-        ("{python}", "bench/zero_memory.py", "--smoke", "--timeout", "300", "--json", "{json}"),
-        CPU_RANKS,
+        "Measured per-rank memory of the model states under ZeRO 0-3 on 1 and 2 ranks against "
+        "`paperscale plan`.",
+        ("{python}", "bench/zero_memory.py"),
+        full_args=("--config", "configs/base.yaml"),
+        smoke_args=("--timeout", "300"),
+        env=CPU_RANKS,
         timeout_s=3600,
         smoke_timeout_s=420,
     ),
     Bench(
         "train_overhead",
-        "Tokens/s of the paperscale training step against a bare PyTorch loop, same batches "
-        "and precision.",
-        ("{python}", "bench/train_overhead.py", "--work", "{work}", "--json", "{json}"),
-        ("{python}", "bench/train_overhead.py", "--smoke", "--work", "{work}", "--json", "{json}"),
-        CPU_RANKS,
+        "Tokens/s of the paperscale training step against a bare PyTorch loop, same batches and"
+        " precision.",
+        ("{python}", "bench/train_overhead.py", "--work", "{work}"),
+        env=CPU_RANKS,
         timeout_s=3600,
-        smoke_timeout_s=300,
     ),
     Bench(
         "peer_fairseq",
-        "paperscale against fairseq on the demo recipe, same data, model and machine: "
-        "training and validation nll, target tokens/s (shuffled and source-ordered input); the "
-        "same weights and batches stepped by both; three initialisations.",
-        (
-            "{python}",
-            "-m",
-            "bench.peer_fairseq",
+        "paperscale against fairseq on the demo recipe, same data, model and machine: training "
+        "and validation nll, target tokens/s (shuffled and source-ordered input); the same "
+        "weights and batches stepped by both; three initialisations.",
+        ("{python}", "-m", "bench.peer_fairseq"),
+        full_args=(
             "--fairseq-python",
-            FAIRSEQ_PYTHON,
+            ".venv-fairseq/bin/python",
             "--corpus",
-            DEBIAN_CORPUS,
+            "corpus/debian-ende",
             "--corpus",
-            BY_SOURCE_CORPUS,
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
+            "corpus/debian-ende-by-source",
         ),
-        ("{python}", "-m", "bench.peer_fairseq", "--smoke", "--work", "{work}", "--json", "{json}"),
-        CPU_RANKS,
+        both=("--work", "{work}"),
+        env=CPU_RANKS,
         timeout_s=7200,
         smoke_timeout_s=420,
         needs=_needs_fairseq,
@@ -452,40 +316,15 @@ REGISTRY: tuple[Bench, ...] = (
         "paperscale (fp32, and in auto's precision) against fairseq (fp32, its only CPU "
         "precision) on the demo recipe, side by side on the same shuffled corpus, model and "
         "batch: target tokens/s and their ratio, training and validation nll at 400 steps.",
-        (
-            "{python}",
-            "-m",
-            "bench.peer_fairseq",
+        ("{python}", "-m", "bench.peer_fairseq"),
+        full_args=(
             "--fairseq-python",
-            FAIRSEQ_PYTHON,
+            ".venv-fairseq/bin/python",
             "--corpus",
-            DEBIAN_CORPUS,
-            "--no-controlled",
-            "--precision",
-            "fp32",
-            "--precision",
-            "auto",
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
+            "corpus/debian-ende",
         ),
-        (
-            "{python}",
-            "-m",
-            "bench.peer_fairseq",
-            "--smoke",
-            "--no-controlled",
-            "--precision",
-            "fp32",
-            "--precision",
-            "auto",
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
-        ),
-        CPU_RANKS,
+        both=("--no-controlled", "--precision", "fp32", "--precision", "auto", "--work", "{work}"),
+        env=CPU_RANKS,
         timeout_s=3600,
         smoke_timeout_s=420,
         needs=_needs_fairseq,
@@ -493,9 +332,7 @@ REGISTRY: tuple[Bench, ...] = (
     Bench(
         "scaling",
         "Tokens/s of `paperscale train` on 2 local CPU ranks against 1.",
-        ("{python}", "bench/scaling.py", "--work", "{work}", "--json", "{json}"),
-        ("{python}", "bench/scaling.py", "--smoke", "--work", "{work}", "--json", "{json}"),
-        ONE_THREAD,
+        ("{python}", "bench/scaling.py", "--work", "{work}"),
         timeout_s=5400,
         smoke_timeout_s=420,
     ),
@@ -503,54 +340,37 @@ REGISTRY: tuple[Bench, ...] = (
         "synthetic_task",
         "The synthetic task end to end through the CLI (corpus, prepare, train on 2 ranks, "
         "evaluate): BLEU >= 90 within 10 minutes.",
-        ("{python}", "bench/synthetic_task.py", "--json", "{json}"),
-        ("{python}", "bench/synthetic_task.py", "--smoke", "--json", "{json}"),
-        ONE_THREAD,
-        timeout_s=1800,
+        ("{python}", "bench/synthetic_task.py"),
         smoke_timeout_s=420,
     ),
     Bench(
         "gpu",
         "The big model on one GPU at the paper's batch: tokens/s, MFU and peak memory, ZeRO 1 "
         "and 2, with and without torch.compile.",
-        ("bash", "bench/gpu.sh", "--json", "{json}"),
-        ("bash", "bench/gpu.sh", "--smoke", "--json", "{json}"),
-        {"PYTHON": "{python}"},
+        ("bash", "bench/gpu.sh"),
+        env={"PYTHON": "{python}"},
         timeout_s=900,
         smoke_timeout_s=960,
         needs=_needs_cuda,
     ),
     Bench(
         "cpu_step",
-        "The demo preset's step on 2 CPU ranks: target tokens/s and MFU of the defaults, of fp32, "
-        "of each speed choice undone and of the code before them (84d301c), side by side; the "
-        "profiler's grouped table of the defaults and of that code.",
-        (
-            "{python}",
-            "-m",
-            "bench.cpu_step",
-            "--data",
-            DEMO_DATA,
-            "--before",
-            "84d301c",
-            "--work",
-            "{work}",
-            "--json",
-            "{json}",
-        ),
-        ("{python}", "-m", "bench.cpu_step", "--smoke", "--work", "{work}", "--json", "{json}"),
-        ONE_THREAD,
+        "The demo preset's step on 2 CPU ranks: target tokens/s and MFU of the defaults, of "
+        "fp32, of each speed choice undone and of the code before them (84d301c), side by side;"
+        " the profiler's grouped table of the defaults and of that code.",
+        ("{python}", "-m", "bench.cpu_step"),
+        full_args=("--data", "data/debian-ende", "--before", "84d301c"),
+        both=("--work", "{work}"),
         timeout_s=3600,
         smoke_timeout_s=420,
         needs=_needs_demo_data,
     ),
     Bench(
         "attention",
-        "SDPA kernels side by side: forward + backward ms of each at the demo preset's attention "
-        "shapes, fp32 and (where native) bf16; the figures behind `train.attention: auto`.",
-        ("{python}", "-m", "bench.attention", "--json", "{json}"),
-        ("{python}", "-m", "bench.attention", "--smoke", "--json", "{json}"),
-        ONE_THREAD,
+        "SDPA kernels side by side: forward + backward ms of each at the demo preset's "
+        "attention shapes, fp32 and (where native) bf16; the figures behind `train.attention: "
+        "auto`.",
+        ("{python}", "-m", "bench.attention"),
         timeout_s=1200,
         smoke_timeout_s=120,
     ),
@@ -558,18 +378,7 @@ REGISTRY: tuple[Bench, ...] = (
         "attention_gpu",
         "SDPA kernels side by side on a GPU at the big preset's attention shapes (math, flash, "
         "memory-efficient, cuDNN and torch's own choice): the figures behind `auto` on CUDA.",
-        ("{python}", "-m", "bench.attention", "--config", "configs/big.yaml", "--json", "{json}"),
-        (
-            "{python}",
-            "-m",
-            "bench.attention",
-            "--config",
-            "configs/big.yaml",
-            "--smoke",
-            "--json",
-            "{json}",
-        ),
-        ONE_THREAD,
+        ("{python}", "-m", "bench.attention", "--config", "configs/big.yaml"),
         timeout_s=300,
         smoke_timeout_s=120,
         needs=_needs_cuda,

@@ -244,14 +244,12 @@ def test_unknown_bench_name_is_a_usage_error(capsys: pytest.CaptureFixture[str])
 
 
 def fake(name: str, code: str, **kw: Any) -> suite.Bench:
-    """A bench that runs `code` (Python; sys.argv[1] is the rows file) at either size."""
-    command = ("{python}", "-c", code, "{json}")
+    """A bench that runs `code` (Python; sys.argv[-1] is the rows file) at either size."""
     return suite.Bench(
         name,
         f"{name} about",
-        command,
-        command,
-        {"FAKE_BENCH": "1"},
+        ("{python}", "-c", code),
+        env={"FAKE_BENCH": "1"},
         timeout_s=kw.pop("timeout_s", 60),
         smoke_timeout_s=kw.pop("smoke_timeout_s", 60),
         **kw,
@@ -260,7 +258,7 @@ def fake(name: str, code: str, **kw: Any) -> suite.Bench:
 
 WRITES_ROWS = (
     "import json, sys; json.dump([{'figure': 'speed', 'value': 12.5, 'unit': 'tokens/s', "
-    "'stage': 2}, {'figure': 'nan', 'value': None, 'unit': 'x'}], open(sys.argv[1], 'w'))"
+    "'stage': 2}, {'figure': 'nan', 'value': None, 'unit': 'x'}], open(sys.argv[-1], 'w'))"
 )
 
 
@@ -360,7 +358,7 @@ from bench import suite
 pid_file, work = sys.argv[1], Path(sys.argv[2])
 sleeper = ("{python}", "-c", f"import os, time; open({pid_file!r}, 'w').write(str(os.getpid())); "
            "time.sleep(600)")
-suite.REGISTRY = (suite.Bench("sleeper", "sleeps", sleeper, sleeper, {}, 600, 600),)
+suite.REGISTRY = (suite.Bench("sleeper", "sleeps", sleeper, env={}, timeout_s=600),)
 suite.machine_info = lambda: {"cpu": "c", "cores": 1, "native_bf16": False, "gpu": "none",
                               "python": "3", "torch": "t", "deepspeed": "d"}
 sys.exit(suite.command_line(["--work-dir", str(work), "--results", str(work / "R.md")]))
