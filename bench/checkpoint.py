@@ -4,7 +4,7 @@
 Run under torchrun so every rank writes its ZeRO partition, e.g.
 
     OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python -m torch.distributed.run \\
-        --standalone --nproc_per_node=2 bench/checkpoint.py --config configs/base.yaml
+        --standalone --nproc_per_node=2 -m bench.checkpoint --config configs/base.yaml
 
 One optimizer step on random tokens fills the Adam moments, then the real save path
 (trainer.checkpoint.manager.CheckpointManager.save: DeepSpeed files, per-rank state, `latest`
@@ -24,15 +24,12 @@ from __future__ import annotations
 import argparse
 import gc
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
 from launch.config import load_config

@@ -31,13 +31,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows
+from trainer.step_time import GROUPS
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from omegaconf import OmegaConf  # noqa: E402
-
-from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows  # noqa: E402
-from trainer.step_time import GROUPS  # noqa: E402
 
 LOG_EVERY = 10
 

@@ -17,12 +17,12 @@ CTranslate2 (fp32 and int8), the same sentences with the same beam and length pe
 prints sentences/s, BLEU and the share of outputs identical to ours. The exports are written to
 a temporary directory.
 
-    .venv/bin/python bench/decode.py            # d_model 256, 3+3 layers, vocab 8000
-    .venv/bin/python bench/decode.py --quick    # a few seconds
-    .venv/bin/python bench/decode.py --mixed --threads 1
-    .venv/bin/python bench/decode.py --engines runs/synthetic --data data/synthetic --threads 1
-    .venv/bin/python bench/decode.py --smoke --json rows.json   # a tiny model, seconds
-    .venv/bin/python bench/decode.py --engines-smoke --json rows.json   # every engine, seconds
+    .venv/bin/python -m bench.decode            # d_model 256, 3+3 layers, vocab 8000
+    .venv/bin/python -m bench.decode --quick    # a few seconds
+    .venv/bin/python -m bench.decode --mixed --threads 1
+    .venv/bin/python -m bench.decode --engines runs/synthetic --data data/synthetic --threads 1
+    .venv/bin/python -m bench.decode --smoke --json rows.json   # a tiny model, seconds
+    .venv/bin/python -m bench.decode --engines-smoke --json rows.json   # every engine, seconds
 
 --json writes the sentences/s (and the cache speed-up, or the decoder rows with --mixed, or
 each engine's sentences/s and BLEU with --engines) as rows for bench/suite.py.
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,8 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import Row, add_output_arguments, row, write_rows
 from model.config import EOS_ID, PAD_ID, ModelConfig

@@ -110,7 +110,7 @@ CONFIGS=("1 false fixed" "1 false wmt14" "1 true fixed" "2 false fixed" "2 true 
 run_config() {
     local zero=$1 compile=$2 lengths=$3 limit=${LIMITS[0]}
     [[ $compile == true ]] && limit=${LIMITS[1]}
-    timeout "$limit" "$PY" bench/gpu_bench.py --config "$CONFIG" --device "$DEVICE" \
+    timeout "$limit" "$PY" -m bench.gpu_bench --config "$CONFIG" --device "$DEVICE" \
         --tokens "$TOKENS" --steps "$STEPS" --warmup "$WARMUP" --lengths "$lengths" \
         --out "$ROWS" "${EXTRA[@]}" train.precision=bf16 "train.zero_stage=$zero" \
         "train.compile=$compile" > "$LOGS/$zero-$compile-$lengths.log" 2>&1
@@ -158,7 +158,7 @@ else
 fi
 echo
 echo "== bench/gpu.sh ($MODE): $CONFIG, $TOKENS tokens per side per step"
-"$PY" bench/gpu_bench.py --table "$ROWS" ${JSON:+--json "$JSON"}
+"$PY" -m bench.gpu_bench --table "$ROWS" ${JSON:+--json "$JSON"}
 rows=$(wc -l < "$ROWS")
 if [[ $rows -ne ${#CONFIGS[@]} ]]; then
     echo "bench/gpu.sh: only $rows of ${#CONFIGS[@]} configurations finished" >&2

@@ -1,6 +1,6 @@
 """One configuration of bench/gpu.sh: tokens/s, MFU and peak memory of the training step.
 
-    python bench/gpu_bench.py --config configs/big.yaml --tokens 25000 --out ROWS.jsonl \\
+    python -m bench.gpu_bench --config configs/big.yaml --tokens 25000 --out ROWS.jsonl \\
         [--device cuda|cpu] [--steps 20] [--warmup 5] [--lengths fixed|wmt14] [key=value ...]
 
 The trainer's own pieces (trainer.ds.engine.build_engine, train_step, trainer.flops) on one rank,
@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def matmul_peak(device: str, dtype_name: str = "bf16", size: int = 8192, reps: int = 10) -> float:

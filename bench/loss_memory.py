@@ -28,10 +28,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import add_output_arguments, row, write_rows
 
-from bench.common import add_output_arguments, row, write_rows  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 VARIANTS = ("plain", "chunked")
 # glibc's malloc keeps a freed block below its (dynamic, up to 32 MiB) mmap threshold in the

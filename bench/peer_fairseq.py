@@ -54,18 +54,17 @@ from typing import Any
 import sentencepiece
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows
+from data_pipeline.manifest import read_manifest, tokenizer_path
+from data_pipeline.shards import decode_sample, iter_shard
+from data_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from launch.config import load_config
+from model.config import ModelConfig
+from model.transformer import Transformer
+from trainer.ds.engine import resolve_model_config, seed_everything
+from trainer.schedule import build_scheduler, inverse_sqrt_lr
 
-from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows  # noqa: E402
-from data_pipeline.manifest import read_manifest, tokenizer_path  # noqa: E402
-from data_pipeline.shards import decode_sample, iter_shard  # noqa: E402
-from data_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer  # noqa: E402
-from launch.config import load_config  # noqa: E402
-from model.config import ModelConfig  # noqa: E402
-from model.transformer import Transformer  # noqa: E402
-from trainer.ds.engine import resolve_model_config, seed_everything  # noqa: E402
-from trainer.schedule import build_scheduler, inverse_sqrt_lr  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 WORLD = 2  # paperscale ranks; fairseq: one process with as many threads
 LOG_EVERY = 20

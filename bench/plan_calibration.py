@@ -43,7 +43,6 @@ import itertools
 import json
 import os
 import statistics
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,8 +50,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
 from bench.suite import cpu_model

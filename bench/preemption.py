@@ -29,14 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
+from bench.train_overhead import prepare_synthetic
+from data_pipeline.manifest import read_manifest
+from trainer.metrics import read_metrics
+from trainer.run_dir import RunDir, tag_for
 
-from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows  # noqa: E402
-from bench.train_overhead import prepare_synthetic  # noqa: E402
-from data_pipeline.manifest import read_manifest  # noqa: E402
-from trainer.metrics import read_metrics  # noqa: E402
-from trainer.run_dir import RunDir, tag_for  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 START_TIMEOUT_S = 900.0  # start-up plus --after steps of the base model on 2 CPU cores
 EXIT_TIMEOUT_S = 120.0  # past Slurm's 30 s the job would have been killed; this only bounds a hang

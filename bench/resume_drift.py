@@ -7,7 +7,7 @@ by rank 0 only, so every rank gets rank 0's state) or per rank (what paperscale 
 rank_XXXXX.pt files), and prints the largest per-step loss difference on each rank.
 
     DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 \
-        bench/resume_drift.py --dir /tmp/resume_drift
+        -m bench.resume_drift --dir /tmp/resume_drift
 
 `--smoke` trains 2 + 2 steps instead of 3 + 3 (the drift shows from the first step after the
 load); `--json PATH` writes the four largest differences as rows for bench/suite.py.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,6 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import add_output_arguments, row, write_rows
 from trainer.checkpoint.safe_load import forbid_code_in_checkpoints

@@ -1,6 +1,6 @@
 """Tokens/s of `paperscale train` on 2 local ranks against 1, on this machine.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/scaling.py --work /tmp/bench-scaling \\
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.scaling --work /tmp/bench-scaling \\
         [--data DATA_DIR] [--config configs/tiny.yaml] [--steps 40] [--repeats 2] [key=value ...]
 
 Short real runs (`paperscale train --nproc N`, torchrun underneath, DeepSpeed on CPU ranks
@@ -25,11 +25,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
+from bench.train_overhead import prepare_synthetic
 
-from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows  # noqa: E402
-from bench.train_overhead import prepare_synthetic  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_tokens_per_s(

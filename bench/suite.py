@@ -141,21 +141,21 @@ REGISTRY: tuple[Bench, ...] = (
     Bench(
         "decode",
         "Decoding sentences/s of greedy and beam 4 search, with and without the key/value cache.",
-        ("{python}", "bench/decode.py"),
+        ("{python}", "-m", "bench.decode"),
         smoke_timeout_s=120,
     ),
     Bench(
         "decode_mixed",
         "Decoding sentences/s (cache on) of a batch of varied source lengths, each sentence "
         "ending at its own maximum length.",
-        ("{python}", "bench/decode.py", "--mixed"),
+        ("{python}", "-m", "bench.decode", "--mixed"),
         smoke_timeout_s=120,
     ),
     Bench(
         "engines",
         "Serving engines on the demo model: sentences/s, test BLEU and outputs equal to ours, "
         "for paperscale, Transformers and CTranslate2 (fp32, int8), beam 4.",
-        ("{python}", "bench/decode.py"),
+        ("{python}", "-m", "bench.decode"),
         full_args=("--engines", "runs/demo", "--data", "data/debian-ende"),
         smoke_args=("--engines-smoke",),
         both=("--threads", "1"),
@@ -183,7 +183,7 @@ REGISTRY: tuple[Bench, ...] = (
         "checkpoint",
         "Checkpoint size and save / load seconds of the base model on 2 CPU ranks, against "
         "`paperscale plan`'s estimate.",
-        (*TORCHRUN, "bench/checkpoint.py"),
+        (*TORCHRUN, "-m", "bench.checkpoint"),
         full_args=("--config", "configs/base.yaml"),
         env=CPU_RANKS,
     ),
@@ -191,7 +191,7 @@ REGISTRY: tuple[Bench, ...] = (
         "checkpoint_tiny",
         "Checkpoint size, save / load seconds and the background save's stall of the demo "
         "preset on 2 CPU ranks.",
-        (*TORCHRUN, "bench/checkpoint.py"),
+        (*TORCHRUN, "-m", "bench.checkpoint"),
         full_args=("--config", "configs/tiny.yaml"),
         env=CPU_RANKS,
         timeout_s=900,
@@ -245,7 +245,7 @@ REGISTRY: tuple[Bench, ...] = (
         "checkpoint_big",
         "Checkpoint size and save / load seconds of the big model on 2 CPU ranks, against "
         "`paperscale plan`'s estimate.",
-        (*TORCHRUN, "bench/checkpoint.py"),
+        (*TORCHRUN, "-m", "bench.checkpoint"),
         full_args=("--config", "configs/big.yaml"),
         smoke_args=("train.zero_stage=1",),
         env=CPU_RANKS,
@@ -268,7 +268,7 @@ REGISTRY: tuple[Bench, ...] = (
     Bench(
         "resume_drift",
         "Loss drift of a plain DeepSpeed save / load: optimizer against RNG restore, 2 CPU ranks.",
-        (*TORCHRUN, "bench/resume_drift.py", "--dir", "{work}"),
+        (*TORCHRUN, "-m", "bench.resume_drift", "--dir", "{work}"),
         env=CPU_RANKS,
         timeout_s=1200,
     ),
@@ -276,7 +276,7 @@ REGISTRY: tuple[Bench, ...] = (
         "zero_memory",
         "Measured per-rank memory of the model states under ZeRO 0-3 on 1 and 2 ranks against "
         "`paperscale plan`.",
-        ("{python}", "bench/zero_memory.py"),
+        ("{python}", "-m", "bench.zero_memory"),
         full_args=("--config", "configs/base.yaml"),
         smoke_args=("--timeout", "300"),
         env=CPU_RANKS,
@@ -287,7 +287,7 @@ REGISTRY: tuple[Bench, ...] = (
         "train_overhead",
         "Tokens/s of the paperscale training step against a bare PyTorch loop, same batches and"
         " precision.",
-        ("{python}", "bench/train_overhead.py", "--work", "{work}"),
+        ("{python}", "-m", "bench.train_overhead", "--work", "{work}"),
         env=CPU_RANKS,
         timeout_s=3600,
     ),
@@ -332,7 +332,7 @@ REGISTRY: tuple[Bench, ...] = (
     Bench(
         "scaling",
         "Tokens/s of `paperscale train` on 2 local CPU ranks against 1.",
-        ("{python}", "bench/scaling.py", "--work", "{work}"),
+        ("{python}", "-m", "bench.scaling", "--work", "{work}"),
         timeout_s=5400,
         smoke_timeout_s=420,
     ),
@@ -340,7 +340,7 @@ REGISTRY: tuple[Bench, ...] = (
         "synthetic_task",
         "The synthetic task end to end through the CLI (corpus, prepare, train on 2 ranks, "
         "evaluate): BLEU >= 90 within 10 minutes.",
-        ("{python}", "bench/synthetic_task.py"),
+        ("{python}", "-m", "bench.synthetic_task"),
         smoke_timeout_s=420,
     ),
     Bench(

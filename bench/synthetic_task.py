@@ -9,10 +9,10 @@ table: steps, train seconds, tokens/s, final valid loss, test BLEU, total second
 Exits 1 when test BLEU (beam 4) is below --min-bleu or the whole path took longer than
 --budget seconds, so it doubles as an acceptance check:
 
-    .venv/bin/python bench/synthetic_task.py                    # temp dir, configs/synthetic.yaml
-    .venv/bin/python bench/synthetic_task.py --work /tmp/synth  # keep corpus, data and run
-    .venv/bin/python bench/synthetic_task.py train.max_steps=500  # config overrides pass through
-    .venv/bin/python bench/synthetic_task.py --smoke --json rows.json  # the path in seconds
+    .venv/bin/python -m bench.synthetic_task                    # temp dir, configs/synthetic.yaml
+    .venv/bin/python -m bench.synthetic_task --work /tmp/synth  # keep corpus, data and run
+    .venv/bin/python -m bench.synthetic_task train.max_steps=500  # config overrides pass through
+    .venv/bin/python -m bench.synthetic_task --smoke --json rows.json  # the path in seconds
 
 `--smoke` runs the same path at a size of seconds (1,000 pairs, d_model 32, 10 steps, 20 test
 sentences) with no pass mark; `--json PATH` writes the table's figures as rows for
@@ -32,10 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows
 
-from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SMOKE_TRAIN = [
     *SMOKE_MODEL,

@@ -1,6 +1,6 @@
 """Tokens/s of the paperscale training step against a bare PyTorch loop, side by side.
 
-    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python bench/train_overhead.py \\
+    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python -m bench.train_overhead \\
         --work /tmp/bench-overhead [--data DATA_DIR] [--config configs/tiny.yaml] \\
         [--windows 5] [--steps 10] [--smoke] [--json PATH] [key=value ...]
 
@@ -42,25 +42,24 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     SMOKE_MODEL,
     add_output_arguments,
     row,
     settle_precision,
     write_rows,
 )
-from data_pipeline.loader import Batch, TokenBatchStream  # noqa: E402
-from data_pipeline.tokenizer import Tokenizer  # noqa: E402
-from launch.config import load_config  # noqa: E402
-from model.transformer import Transformer  # noqa: E402
-from trainer.dist import init_distributed  # noqa: E402
-from trainer.ds.engine import build_engine, resolve_model_config, seed_everything  # noqa: E402
-from trainer.metrics import MetricsLogger, Throughput  # noqa: E402
-from trainer.sinks import JsonlSink  # noqa: E402
-from trainer.step import batch_flops, skipped_counts, train_step  # noqa: E402
+from data_pipeline.loader import Batch, TokenBatchStream
+from data_pipeline.tokenizer import Tokenizer
+from launch.config import load_config
+from model.transformer import Transformer
+from trainer.dist import init_distributed
+from trainer.ds.engine import build_engine, resolve_model_config, seed_everything
+from trainer.metrics import MetricsLogger, Throughput
+from trainer.sinks import JsonlSink
+from trainer.step import batch_flops, skipped_counts, train_step
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def prepare_synthetic(work: Path, pairs: int = 20000) -> Path:

@@ -1,6 +1,6 @@
 """Measured per-rank memory of the model states under ZeRO 0-3 against `paperscale plan`.
 
-    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python bench/zero_memory.py \\
+    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python -m bench.zero_memory \\
         --config configs/base.yaml [--worlds 1 2] [--bucket-elements N] [key=value ...]
 
 For each world size one `torchrun` starts that many CPU ranks (gloo); each rank builds the real
@@ -39,19 +39,18 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import Row, add_output_arguments, row, settle_precision, write_rows  # noqa: E402
-from launch.config import load_config  # noqa: E402
-from launch.cost_model.plan import (  # noqa: E402
+from bench.common import Row, add_output_arguments, row, settle_precision, write_rows
+from launch.config import load_config
+from launch.cost_model.plan import (
     Buckets,
     model_state_bytes,
     module_buffer_bytes,
     persistent_numel,
 )
-from model.config import ModelConfig  # noqa: E402
-from model.params import count_parameters  # noqa: E402
+from model.config import ModelConfig
+from model.params import count_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
 
 STAGES = (0, 1, 2, 3)
 TOLERANCE = 0.20
