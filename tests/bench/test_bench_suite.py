@@ -327,6 +327,32 @@ def test_main_exits_1_on_a_failed_bench_and_writes_every_outcome(
     assert not results.exists()
 
 
+def test_a_report_from_another_machine_is_written_with_that_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--import REPORT`: the tables a `--json` report holds (a GPU machine's), with the machine
+    that measured them, beside the tables already there; a file that is not a report: exit 2."""
+    registry = (fake("good", WRITES_ROWS), fake("gpu_only", WRITES_ROWS))
+    monkeypatch.setattr(suite, "REGISTRY", registry)
+    monkeypatch.setattr(suite, "machine_info", lambda: MACHINE)
+    results, report = tmp_path / "RESULTS.md", tmp_path / "gpu.json"
+    work = ["--work-dir", str(tmp_path / "w"), "--results", str(results)]
+    assert suite.main([*work, "--only", "good"]) == 0  # this machine's table
+    gpu_machine = {**MACHINE, "cpu": "GPU host", "gpu": "NVIDIA H200"}
+    monkeypatch.setattr(suite, "machine_info", lambda: gpu_machine)
+    assert suite.main([*work, "--only", "gpu_only", "--json", str(report)]) == 0
+    results.write_text(results.read_text().split("\n## gpu_only")[0] + "\n")  # as if elsewhere
+    monkeypatch.setattr(suite, "machine_info", lambda: MACHINE)
+    assert suite.main(["--import", str(report), "--results", str(results)]) == 0
+    good, gpu = suite.split_sections(results.read_text()).values()
+    assert "GPU: none" in good and "Test CPU 9000" in good
+    assert (
+        "GPU host, 2 cores, native bf16: no, GPU: NVIDIA H200" in gpu and "| speed | 12.5 |" in gpu
+    )
+    report.write_text("not json")
+    assert suite.main(["--import", str(report), "--results", str(results)]) == 2
+
+
 def test_a_run_stopped_half_way_keeps_the_tables_it_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
