@@ -18,11 +18,10 @@ import torch
 
 from model.attention import attention, build_attn_mask
 from tests.integration.conftest import TINY_MODEL, paperscale
-from tests.trainer.test_step_syncs import CountReads, batches, engine_for
+from tests.trainer.test_step_syncs import CountReads, engine_for, step
 from trainer.dist import DistEnv
 from trainer.ds.config import compute_grad_norm_for
 from trainer.kernels import sdpa_backends
-from trainer.step import StepResult, train_step
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(420)]
@@ -48,12 +47,6 @@ def cuda_syncs() -> Iterator[list[str]]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
             warnings.showwarning = saved
-
-
-def step(engine: object, env: DistEnv, seed: int) -> StepResult:
-    """One step, the previous step's flag on the device as the loop keeps it."""
-    flags = torch.zeros(1, device=env.device)
-    return train_step(engine, batches(seed), env, 0.1, [False, False], flags, None, True)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])

@@ -72,7 +72,9 @@ def batches(seed: int) -> list[Batch]:
 
 
 def step(engine: Any, env: DistEnv, seed: int, guard: bool = True) -> Any:
-    return train_step(engine, batches(seed), env, 0.1, [False, False], torch.zeros(1), None, guard)
+    """One step, the previous step's flag on the device as the loop keeps it."""
+    flags = torch.zeros(1, device=env.device)
+    return train_step(engine, batches(seed), env, 0.1, [False, False], flags, None, guard)
 
 
 @pytest.mark.parametrize(
