@@ -42,9 +42,11 @@ from typing import Any
 import torch
 
 from bench.common import Row, add_output_arguments, row, write_rows
+from data_pipeline.manifest import TOKENIZER_NAME
 from model.config import EOS_ID, PAD_ID, ModelConfig
 from model.search import beam_search, greedy_search
 from model.transformer import Transformer
+from trainer.run_dir import RunDir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -271,9 +273,9 @@ def smoke_export(tmp: Path) -> tuple[Path, Path]:
                       decoder_layers=1, dropout=0.0)  # fmt: skip
     torch.manual_seed(0)
     state = {k: v.float() for k, v in Transformer(cfg).state_dict().items()}
-    out = tmp / "model"
-    write_export(out, state, cfg.__dict__, {}, tmp / "data" / "spm.model")
-    return out, tmp / "data"
+    run = RunDir(tmp)
+    write_export(run.model, state, cfg.__dict__, {}, tmp / "data" / TOKENIZER_NAME)
+    return run.model, tmp / "data"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -289,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.engines:
         given = Path(args.engines)
-        ours = given / "model" if (given / "model" / "model.json").is_file() else given
+        ours = RunDir(given).model if RunDir(given).model.is_dir() else given
         write_rows(args.json, run_engines(args, ours, Path(args.data)))
         return
     model = build_model(args)

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
-from bench.suite import cpu_model
+from bench.machine import cpu_model
 from data_pipeline.batching import Batch
 from launch.config import load_config
 from launch.cost_model.speed import CALIBRATION_FORMAT

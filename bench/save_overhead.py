@@ -21,7 +21,6 @@ Without --data a synthetic corpus is written and prepared under --work (bench/tr
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -30,6 +29,8 @@ from pathlib import Path
 
 from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
 from bench.train_overhead import prepare_synthetic
+from trainer.metrics import read_metrics
+from trainer.run_dir import RunDir
 
 VARIANTS = {
     "no saves": ["train.save_every=0"],
@@ -50,11 +51,11 @@ def run_once(args: argparse.Namespace, data: Path, variant: str, k: int) -> list
     cmd = [sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc", "2",
            "--run-dir", str(run_dir), *over]  # fmt: skip
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(RunDir(run_dir).metrics)
     times = {r["step"]: r["time"] for r in records if "loss" in r}
     first, last = min(times), max(times)
     assert last == args.steps, f"{variant}: the run ended at step {last}"
-    saves = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    saves = RunDir(run_dir).checkpoints.complete_tags()
     print(f"{variant:12s} round {k}: {last - first} steps in {times[last] - times[first]:.1f} s; "
           f"checkpoints kept {saves}", flush=True)  # fmt: skip
     return [times[i] - times[i - 1] for i in range(first + 1, last + 1)]

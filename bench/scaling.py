@@ -18,7 +18,6 @@ and the ratio as rows for bench/suite.py.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -27,6 +26,8 @@ from pathlib import Path
 
 from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
 from bench.train_overhead import prepare_synthetic
+from trainer.metrics import read_metrics
+from trainer.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,7 @@ def run_tokens_per_s(
     if proc.returncode != 0:
         sys.stderr.write(log.decode(errors="replace")[-3000:])
         raise SystemExit(f"{nproc} ranks: paperscale train exited {proc.returncode}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(RunDir(run_dir).metrics)
     speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r][1:]
     if not speeds:
         raise SystemExit(f"{nproc} ranks: fewer than two logged steps; raise --steps")

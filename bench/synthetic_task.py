@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows
+from trainer.metrics import read_metrics
+from trainer.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,12 +112,8 @@ def last_json(stdout: str) -> dict[str, Any]:
 
 def train_stats(run_dir: Path) -> dict[str, Any]:
     """Steps, valid loss and mean tokens/s of a finished run, from metrics.jsonl/summary.json."""
-    records = [
-        json.loads(line)
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    records = read_metrics(RunDir(run_dir).metrics)
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     # Mean over log windows after the first step (which includes start-up and compilation).
     rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and r["step"] > 1]
     valid = [r for r in records if "valid_loss" in r]

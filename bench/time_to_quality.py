@@ -19,7 +19,6 @@ prepared under --work. `--smoke`: d_model 32 on the synthetic corpus (seconds).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shutil
 import subprocess
@@ -29,6 +28,8 @@ from typing import Any
 
 from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
 from bench.train_overhead import prepare_synthetic
+from trainer.metrics import read_metrics
+from trainer.run_dir import RunDir
 
 SCHEDULES = {
     "linear decay to the budget's end": ["optim.schedule=linear"],
@@ -47,7 +48,7 @@ def train(args: argparse.Namespace, data: Path, name: str, over: list[str]) -> l
         *args.overrides, *over,
     ]  # fmt: skip
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(RunDir(run_dir).metrics)
 
 
 def nll(record: dict) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench import suite
+from bench import machine, registry, report, runner, suite
 from bench.common import check_rows, write_rows
 from tests.integration.conftest import ROOT, cli_env
 
@@ -36,7 +36,7 @@ MACHINE = {
 # what a bench's smoke run must show besides "exit 0 and at least one finite figure"
 
 
-def _gpu_configurations(outcome: suite.Outcome) -> None:
+def _gpu_configurations(outcome: runner.Outcome) -> None:
     """bench/gpu.sh --smoke: ZeRO 1 and 2, each with and without torch.compile, on unpadded
     batches, and ZeRO 1 on WMT14-like lengths through the batcher, train on CPU through the
     trainer's engine and step; the final table has one row per configuration with finite
@@ -73,7 +73,7 @@ def _gpu_configurations(outcome: suite.Outcome) -> None:
     assert figures[(1, False, "fixed", "%")] == 0
 
 
-def _zero_memory_within_plan(outcome: suite.Outcome) -> None:
+def _zero_memory_within_plan(outcome: runner.Outcome) -> None:
     """The planner's per-rank model-state memory against what real DeepSpeed engines allocate:
     one torchrun per world size (1 and 2 CPU ranks) builds the real engine for ZeRO 0-3; the
     measured resident bytes of parameters, gradients and optimizer states must be within 20% of
@@ -92,14 +92,14 @@ def _zero_memory_within_plan(outcome: suite.Outcome) -> None:
     assert all(two[s] < two[0] for s in (1, 2, 3)), two
 
 
-def _decode_cache_same_work(outcome: suite.Outcome) -> None:
+def _decode_cache_same_work(outcome: runner.Outcome) -> None:
     """Both searches, with and without the cache, each with its speed-up."""
     names = {r["figure"] for r in outcome.rows}
     for search in ("greedy", "beam 4"):
         assert {f"{search}, cache", f"{search}, no cache", f"{search}, cache speed-up"} <= names
 
 
-def _resume_drift_per_rank_exact(outcome: suite.Outcome) -> None:
+def _resume_drift_per_rank_exact(outcome: runner.Outcome) -> None:
     """Four cases; restoring each rank's own RNG resumes exactly (the loss differences of
     rank 0's RNG on every rank are what the bench shows)."""
     assert len(outcome.rows) == 4
@@ -108,7 +108,7 @@ def _resume_drift_per_rank_exact(outcome: suite.Outcome) -> None:
             assert r["value"] == 0.0, r
 
 
-def _overhead_same_precision(outcome: suite.Outcome) -> None:
+def _overhead_same_precision(outcome: runner.Outcome) -> None:
     """Both sides measured, in the precision the paperscale side settled on."""
     by_figure = {r["figure"]: r for r in outcome.rows}
     assert by_figure["paperscale step"]["value"] > 0
@@ -116,7 +116,7 @@ def _overhead_same_precision(outcome: suite.Outcome) -> None:
     assert by_figure["paperscale step"]["precision"] in ("bf16", "fp32")
 
 
-def _peer_paperscale_side(outcome: suite.Outcome) -> None:
+def _peer_paperscale_side(outcome: runner.Outcome) -> None:
     """Without fairseq (CI has none) paperscale's halves: its training and validation figures,
     and the three-way initialisation part with its two paperscale-side rows."""
     sides = {(r["figure"], r.get("side")) for r in outcome.rows}
@@ -128,7 +128,7 @@ def _peer_paperscale_side(outcome: suite.Outcome) -> None:
     assert all(0 < v < 10 for v in inits.values())
 
 
-def _checkpoint_as_planned(outcome: suite.Outcome) -> None:
+def _checkpoint_as_planned(outcome: runner.Outcome) -> None:
     """The saved bytes are what `paperscale plan` counts (within 25 %: at smoke size the
     per-rank files of RNG and position state weigh as much as a tenth of the tensors), and the
     estimate is a positive number of seconds next to the measured save."""
@@ -141,7 +141,7 @@ def _checkpoint_as_planned(outcome: suite.Outcome) -> None:
     assert 0 < stall <= by_figure["async save: written and published"]["value"]
 
 
-def _preemption_within_grace(outcome: suite.Outcome) -> None:
+def _preemption_within_grace(outcome: runner.Outcome) -> None:
     """TERM to the whole process group: exit 75, a checkpoint written after the signal and the
     exit inside Slurm's default 30 s."""
     by_figure = {r["figure"]: r for r in outcome.rows}
@@ -151,7 +151,7 @@ def _preemption_within_grace(outcome: suite.Outcome) -> None:
     assert exit_row["step"] >= 3 and by_figure["signal checkpoint size"]["value"] > 0
 
 
-def _chunked_loss_holds_less(outcome: suite.Outcome) -> None:
+def _chunked_loss_holds_less(outcome: runner.Outcome) -> None:
     """In every dtype measured the chunked loss peaks lower than the plain one, and within 15 %
     of what `paperscale plan` counts for it (launch/cost_model/activations.py)."""
     cases = {(r["figure"], r["dtype"]): r["value"] for r in outcome.rows}
@@ -163,7 +163,7 @@ def _chunked_loss_holds_less(outcome: suite.Outcome) -> None:
             assert abs(value / planned - 1) <= 0.15, (dtype, value, planned)
 
 
-def _save_overhead_side_by_side(outcome: suite.Outcome) -> None:
+def _save_overhead_side_by_side(outcome: runner.Outcome) -> None:
     """The three runs reached the last step (the bench asserts it) and each saving variant
     has its ratio against the run without saves."""
     by_figure = {r["figure"]: r["value"] for r in outcome.rows}
@@ -172,7 +172,7 @@ def _save_overhead_side_by_side(outcome: suite.Outcome) -> None:
     assert all(by_figure[f"{v} saves: steps/s / no saves"] > 0 for v in ("sync", "async"))
 
 
-CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
+CHECKS: dict[str, Callable[[runner.Outcome], None]] = {
     "save_overhead": _save_overhead_side_by_side,
     "loss_memory": _chunked_loss_holds_less,
     "checkpoint": _checkpoint_as_planned,
@@ -193,14 +193,14 @@ CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
     "name",
     [
         pytest.param(b.name, id=b.name, marks=pytest.mark.timeout(b.smoke_timeout_s + 60))
-        for b in suite.REGISTRY
+        for b in registry.REGISTRY
     ],
 )
 def test_bench_runs_at_smoke_size(name: str, tmp_path: Path) -> None:
     """The bench exits 0 at smoke size and reports at least one finite figure, every row a
     proper one (figure, number, unit)."""
-    (bench,) = suite.by_name([name])
-    outcome = suite.run_bench(bench, smoke=True, work_root=tmp_path, base_env=cli_env())
+    (bench,) = registry.by_name([name])
+    outcome = runner.run_bench(bench, smoke=True, work_root=tmp_path, base_env=cli_env())
     tail = "\n".join(Path(outcome.log).read_text(errors="replace").splitlines()[-60:])
     assert outcome.status == "ok", f"{outcome.reason}\n{tail}"
     check_rows(outcome.rows)
@@ -214,21 +214,29 @@ def test_bench_runs_at_smoke_size(name: str, tmp_path: Path) -> None:
 
 
 def test_registry_runs_every_bench_in_bench_dir() -> None:
-    """A new bench script must be registered (or it would not run in CI): every script in
-    bench/ but the shared modules appears in some registered command."""
-    # gpu.sh runs gpu_bench, peer_fairseq runs fairseq_worker under fairseq's python
-    helpers = {"__init__.py", "common.py", "suite.py", "gpu_bench.py", "fairseq_worker.py"}
-    scripts = {p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")}
-    commands = " ".join(" ".join(b.full + b.smoke) for b in suite.REGISTRY)
-    for script in sorted(scripts - helpers):
+    """A new bench script must be registered (or it would not run in CI): every program in
+    bench/ (a module with a `__main__` block, or a shell script) appears in some registered
+    command; modules without one are the harness's and the benches' shared code."""
+    # gpu.sh runs gpu_bench, peer_fairseq runs fairseq_worker under fairseq's python, and the
+    # suite is the harness's command line
+    elsewhere = {"suite.py", "gpu_bench.py", "fairseq_worker.py"}
+    main_block = 'if __name__ == "__main__":'
+    programs = {
+        p.name
+        for p in (ROOT / "bench").iterdir()
+        if p.suffix == ".sh" or (p.suffix == ".py" and main_block in p.read_text())
+    }
+    assert elsewhere <= programs
+    commands = " ".join(" ".join(b.full + b.smoke) for b in registry.REGISTRY)
+    for script in sorted(programs - elsewhere):
         module = f"bench.{Path(script).stem}"
         assert f"bench/{script}" in commands or module in commands.split(), script
-    names = [b.name for b in suite.REGISTRY]
+    names = [b.name for b in registry.REGISTRY]
     assert len(names) == len(set(names))
 
 
 def test_every_smoke_command_is_a_smoke_run_with_json() -> None:
-    for b in suite.REGISTRY:
+    for b in registry.REGISTRY:
         assert "--smoke" in b.smoke and "--smoke" not in b.full, b.name
         for command in (b.full, b.smoke):
             assert command[command.index("--json") + 1] == "{json}", b.name
@@ -243,9 +251,9 @@ def test_unknown_bench_name_is_a_usage_error(capsys: pytest.CaptureFixture[str])
 # running fake benches: failure, timeout, not run, rows
 
 
-def fake(name: str, code: str, **kw: Any) -> suite.Bench:
+def fake(name: str, code: str, **kw: Any) -> registry.Bench:
     """A bench that runs `code` (Python; sys.argv[-1] is the rows file) at either size."""
-    return suite.Bench(
+    return registry.Bench(
         name,
         f"{name} about",
         ("{python}", "-c", code),
@@ -263,46 +271,53 @@ WRITES_ROWS = (
 
 
 def test_run_bench_collects_rows_and_reports_failures(tmp_path: Path) -> None:
-    ok = suite.run_bench(fake("ok", WRITES_ROWS), smoke=True, work_root=tmp_path)
+    ok = runner.run_bench(fake("ok", WRITES_ROWS), smoke=True, work_root=tmp_path)
     assert ok.status == "ok", ok.reason
     assert [r["figure"] for r in ok.rows] == ["speed", "nan"]
     assert ok.rows[0]["stage"] == 2 and math.isnan(ok.rows[1]["value"])
     assert ok.command.startswith("FAKE_BENCH=1 ") and ok.command.endswith("ok.rows.json")
 
     crash = "import sys; print('boom: ValueError: bad input', file=sys.stderr); sys.exit(3)"
-    failed = suite.run_bench(fake("crash", crash), smoke=True, work_root=tmp_path)
+    failed = runner.run_bench(fake("crash", crash), smoke=True, work_root=tmp_path)
     assert failed.status == "failed"
     assert failed.reason == "exit status 3: boom: ValueError: bad input"
 
-    silent = suite.run_bench(fake("silent", "pass"), smoke=True, work_root=tmp_path)
+    silent = runner.run_bench(fake("silent", "pass"), smoke=True, work_root=tmp_path)
     assert (silent.status, silent.reason) == ("failed", "exited 0 but wrote no rows")
 
     slow = fake("slow", "import time; time.sleep(60)", smoke_timeout_s=1)
-    stopped = suite.run_bench(slow, smoke=True, work_root=tmp_path)
+    stopped = runner.run_bench(slow, smoke=True, work_root=tmp_path)
     assert (stopped.status, stopped.reason) == ("failed", "no result within 1 s (stopped)")
     assert stopped.seconds < 30
 
 
 def test_full_run_records_why_a_bench_cannot_run(tmp_path: Path) -> None:
     bench = fake("needy", WRITES_ROWS, needs=lambda: "no CUDA device")
-    outcome = suite.run_bench(bench, smoke=False, work_root=tmp_path)
+    outcome = runner.run_bench(bench, smoke=False, work_root=tmp_path)
     assert (outcome.status, outcome.reason, outcome.rows) == ("not run", "no CUDA device", [])
     # the smoke run always runs
-    assert suite.run_bench(bench, smoke=True, work_root=tmp_path).status == "ok"
+    assert runner.run_bench(bench, smoke=True, work_root=tmp_path).status == "ok"
 
 
 def test_main_exits_1_on_a_failed_bench_and_writes_every_outcome(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    registry = (
+    benches = (
         fake("good", WRITES_ROWS),
         fake("bad", "raise SystemExit(4)"),
         fake("gpu_only", WRITES_ROWS, needs=lambda: "no CUDA device"),
     )
-    monkeypatch.setattr(suite, "REGISTRY", registry)
+    monkeypatch.setattr(registry, "REGISTRY", benches)
     monkeypatch.setattr(suite, "machine_info", lambda: MACHINE)
-    results, report = tmp_path / "RESULTS.md", tmp_path / "suite.json"
-    args = ["--work-dir", str(tmp_path / "work"), "--results", str(results), "--json", str(report)]
+    results, report_file = tmp_path / "RESULTS.md", tmp_path / "suite.json"
+    args = [
+        "--work-dir",
+        str(tmp_path / "work"),
+        "--results",
+        str(results),
+        "--json",
+        str(report_file),
+    ]
     assert suite.main(args) == 1
     text = results.read_text()
     assert [line for line in text.splitlines() if line.startswith("## ")] == [
@@ -312,7 +327,7 @@ def test_main_exits_1_on_a_failed_bench_and_writes_every_outcome(
     ]
     assert "| **failed** | n/a |  | exit status 4" in text
     assert "| **not run** | n/a |  | no CUDA device |" in text
-    outcomes = json.loads(report.read_text())
+    outcomes = json.loads(report_file.read_text())
     assert outcomes["mode"] == "full" and outcomes["machine"] == MACHINE
     assert [(b["name"], b["status"]) for b in outcomes["benches"]] == [
         ("good", "ok"),
@@ -332,39 +347,39 @@ def test_a_report_from_another_machine_is_written_with_that_machine(
 ) -> None:
     """`--import REPORT`: the tables a `--json` report holds (a GPU machine's), with the machine
     that measured them, beside the tables already there; a file that is not a report: exit 2."""
-    registry = (fake("good", WRITES_ROWS), fake("gpu_only", WRITES_ROWS))
-    monkeypatch.setattr(suite, "REGISTRY", registry)
+    benches = (fake("good", WRITES_ROWS), fake("gpu_only", WRITES_ROWS))
+    monkeypatch.setattr(registry, "REGISTRY", benches)
     monkeypatch.setattr(suite, "machine_info", lambda: MACHINE)
-    results, report = tmp_path / "RESULTS.md", tmp_path / "gpu.json"
+    results, gpu_report = tmp_path / "RESULTS.md", tmp_path / "gpu.json"
     work = ["--work-dir", str(tmp_path / "w"), "--results", str(results)]
     assert suite.main([*work, "--only", "good"]) == 0  # this machine's table
     gpu_machine = {**MACHINE, "cpu": "GPU host", "gpu": "NVIDIA H200"}
     monkeypatch.setattr(suite, "machine_info", lambda: gpu_machine)
-    assert suite.main([*work, "--only", "gpu_only", "--json", str(report)]) == 0
+    assert suite.main([*work, "--only", "gpu_only", "--json", str(gpu_report)]) == 0
     results.write_text(results.read_text().split("\n## gpu_only")[0] + "\n")  # as if elsewhere
     monkeypatch.setattr(suite, "machine_info", lambda: MACHINE)
-    assert suite.main(["--import", str(report), "--results", str(results)]) == 0
-    good, gpu = suite.split_sections(results.read_text()).values()
+    assert suite.main(["--import", str(gpu_report), "--results", str(results)]) == 0
+    good, gpu = report.split_sections(results.read_text()).values()
     assert "GPU: none" in good and "Test CPU 9000" in good
     assert (
         "GPU host, 2 cores, native bf16: no, GPU: NVIDIA H200" in gpu and "| speed | 12.5 |" in gpu
     )
-    report.write_text("not json")
-    assert suite.main(["--import", str(report), "--results", str(results)]) == 2
+    gpu_report.write_text("not json")
+    assert suite.main(["--import", str(gpu_report), "--results", str(results)]) == 2
 
 
 def test_a_run_stopped_half_way_keeps_the_tables_it_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    registry = (fake("first", WRITES_ROWS), fake("second", WRITES_ROWS), fake("kept", WRITES_ROWS))
-    monkeypatch.setattr(suite, "REGISTRY", registry)
+    benches = (fake("first", WRITES_ROWS), fake("second", WRITES_ROWS), fake("kept", WRITES_ROWS))
+    monkeypatch.setattr(registry, "REGISTRY", benches)
     monkeypatch.setattr(suite, "machine_info", lambda: MACHINE)
     results = tmp_path / "RESULTS.md"
     work = ["--work-dir", str(tmp_path / "work"), "--results", str(results)]
     assert suite.main([*work, "--only", "kept"]) == 0  # an older table of another bench
-    real_run = suite.run_bench
+    real_run = runner.run_bench
 
-    def interrupted_at_second(bench: suite.Bench, *args: Any, **kw: Any) -> suite.Outcome:
+    def interrupted_at_second(bench: registry.Bench, *args: Any, **kw: Any) -> runner.Outcome:
         if bench.name == "second":  # as Ctrl-C or a job's time limit stops `make bench`
             raise KeyboardInterrupt
         return real_run(bench, *args, **kw)
@@ -372,7 +387,7 @@ def test_a_run_stopped_half_way_keeps_the_tables_it_finished(
     monkeypatch.setattr(suite, "run_bench", interrupted_at_second)
     with pytest.raises(KeyboardInterrupt):
         suite.main(work)
-    sections = suite.split_sections(results.read_text())
+    sections = report.split_sections(results.read_text())
     assert list(sections) == ["first", "kept"]
     assert "| speed | 12.5 | tokens/s |" in sections["first"]
 
@@ -380,11 +395,11 @@ def test_a_run_stopped_half_way_keeps_the_tables_it_finished(
 STOPPED_SUITE = """
 import sys
 from pathlib import Path
-from bench import suite
+from bench import registry, suite
 pid_file, work = sys.argv[1], Path(sys.argv[2])
 sleeper = ("{python}", "-c", f"import os, time; open({pid_file!r}, 'w').write(str(os.getpid())); "
            "time.sleep(600)")
-suite.REGISTRY = (suite.Bench("sleeper", "sleeps", sleeper, env={}, timeout_s=600),)
+registry.REGISTRY = (registry.Bench("sleeper", "sleeps", sleeper, env={}, timeout_s=600),)
 suite.machine_info = lambda: {"cpu": "c", "cores": 1, "native_bf16": False, "gpu": "none",
                               "python": "3", "torch": "t", "deepspeed": "d"}
 sys.exit(suite.command_line(["--work-dir", str(work), "--results", str(work / "R.md")]))
@@ -445,8 +460,8 @@ def test_stopping_the_suite_stops_the_running_bench(sig: signal.Signals, tmp_pat
 # RESULTS.md
 
 
-def outcome(name: str, rows: list[dict[str, Any]], **kw: Any) -> suite.Outcome:
-    return suite.Outcome(
+def outcome(name: str, rows: list[dict[str, Any]], **kw: Any) -> runner.Outcome:
+    return runner.Outcome(
         name=name,
         status=kw.get("status", "ok"),
         command=kw.get("command", f"OMP_NUM_THREADS=1 .venv/bin/python bench/{name}.py"),
@@ -459,7 +474,7 @@ def outcome(name: str, rows: list[dict[str, Any]], **kw: Any) -> suite.Outcome:
 
 def table_rows(text: str, name: str) -> list[list[str]]:
     """The cells of the data rows of bench `name`'s table."""
-    section = suite.split_sections(text)[name]
+    section = report.split_sections(text)[name]
     lines = [line for line in section.splitlines() if line.startswith("| ")]
     assert lines[0] == "| figure | value | unit | details |"
     return [[c.strip() for c in line.strip("|").split(" | ")] for line in lines[1:]]
@@ -467,7 +482,7 @@ def table_rows(text: str, name: str) -> list[list[str]]:
 
 def section_header(text: str, name: str) -> dict[str, str]:
     """The Command / Machine / Date lines above bench `name`'s table."""
-    section = suite.split_sections(text)[name]
+    section = report.split_sections(text)[name]
     return {
         line.split(": ", 1)[0]: line.split(": ", 1)[1].strip()
         for line in section.splitlines()
@@ -492,9 +507,9 @@ def test_results_have_one_table_per_bench_with_command_date_and_machine() -> Non
         ),
         outcome("gpu", [], status="not run", reason="no CUDA device"),
     ]
-    text = suite.render_results(outcomes, MACHINE)
+    text = report.render_results(outcomes, MACHINE)
     assert text.startswith("# Benchmark results\n")
-    assert list(suite.split_sections(text)) == ["decode", "synthetic_task", "gpu"]
+    assert list(report.split_sections(text)) == ["decode", "synthetic_task", "gpu"]
     machine = "Test CPU 9000, 2 cores, native bf16: no, GPU: none"
     command = "`OMP_NUM_THREADS=1 .venv/bin/python bench/decode.py`"
     assert table_rows(text, "decode") == [
@@ -513,7 +528,7 @@ def test_results_have_one_table_per_bench_with_command_date_and_machine() -> Non
     assert section_header(text, "gpu")["Command"] == (
         "`OMP_NUM_THREADS=1 .venv/bin/python bench/gpu.py`"
     )
-    assert suite.REGISTRY[0].about in text  # each section says what its bench measures
+    assert registry.REGISTRY[0].about in text  # each section says what its bench measures
     assert "Python 3.11.7, torch 2.13.0+cpu, deepspeed 0.19.8" in text
 
 
@@ -528,7 +543,7 @@ def test_a_table_of_the_old_layout_is_rewritten_with_its_figures() -> None:
         "| a | 0.5 | s | rows=32 | `cmd x` | 2026-12-02 14:45 | AMD EPYC, 2 cores |\n"
         "| b | 1,234 | x |  | `cmd x` | 2026-12-02 14:45 | AMD EPYC, 2 cores |\n"
     )
-    new = suite.compact_section(old)
+    new = report.compact_section(old)
     assert new.startswith("## sinks\n\nStep time with sinks.\n")
     new = "\n" + new  # as in a file, after the header
     assert table_rows(new, "sinks") == [["a", "0.5", "s", "rows=32"], ["b", "1,234", "x", ""]]
@@ -537,7 +552,7 @@ def test_a_table_of_the_old_layout_is_rewritten_with_its_figures() -> None:
         "Machine": "AMD EPYC, 2 cores; Python 3.11.7, torch 2.13.0+cpu, deepspeed 0.19.8",
         "Date": "2026-12-02 14:45 UTC, full size, 75 s",
     }
-    assert suite.compact_section(new) == new
+    assert report.compact_section(new) == new
 
 
 def test_rerunning_some_benches_keeps_the_other_tables(tmp_path: Path) -> None:
@@ -546,13 +561,13 @@ def test_rerunning_some_benches_keeps_the_other_tables(tmp_path: Path) -> None:
         outcome("decode", [{"figure": "a", "value": 1.0, "unit": "x"}]),
         outcome("sinks", [{"figure": "b", "value": 2.0, "unit": "x"}]),
     ]
-    suite.write_results(path, first, MACHINE)
+    report.write_results(path, first, MACHINE)
     rerun = [
         outcome("decode", [{"figure": "a", "value": 9.0, "unit": "x"}], date="2027-01-01 00:00")
     ]
-    suite.write_results(path, rerun, MACHINE)
+    report.write_results(path, rerun, MACHINE)
     text = path.read_text()
-    assert list(suite.split_sections(text)) == ["decode", "sinks"]  # registry order
+    assert list(report.split_sections(text)) == ["decode", "sinks"]  # registry order
     assert table_rows(text, "decode")[0][:2] == ["a", "9"]
     assert section_header(text, "decode")["Date"].startswith("2027-01-01 00:00 UTC")
     assert table_rows(text, "sinks")[0][:2] == ["b", "2"]
@@ -560,11 +575,11 @@ def test_rerunning_some_benches_keeps_the_other_tables(tmp_path: Path) -> None:
 
 def test_cells_escape_pipes_and_values_format() -> None:
     rows = [{"figure": "a|b", "value": math.nan, "unit": "x", "note": "p|q"}]
-    text = suite.render_section(outcome("decode", rows), None, MACHINE)
+    text = report.render_section(outcome("decode", rows), None, MACHINE)
     assert "| a\\|b | n/a | x | note=p\\|q |" in text
     rows = [{"figure": "f", "value": 1.0, "unit": "s", "startup_s": 2.916872199000011, "n": 7}]
-    assert "| startup_s=2.917, n=7 |" in suite.render_section(outcome("d", rows), None, MACHINE)
-    assert [suite.format_value(v) for v in (0.000123456, 12.3456, 999.96, 25000.4)] == [
+    assert "| startup_s=2.917, n=7 |" in report.render_section(outcome("d", rows), None, MACHINE)
+    assert [report.format_value(v) for v in (0.000123456, 12.3456, 999.96, 25000.4)] == [
         "0.0001235",
         "12.35",
         "1000",
@@ -583,9 +598,9 @@ def test_write_rows_checks_rows_and_writes_nan_as_null(tmp_path: Path) -> None:
 
 
 def test_machine_info_names_cpu_cores_bf16_and_gpu() -> None:
-    m = suite.machine_info()
+    m = machine.machine_info()
     assert m["cpu"] and m["cores"] >= 1 and isinstance(m["native_bf16"], bool) and m["gpu"]
-    assert suite.describe_machine(m).startswith(f"{m['cpu']}, {m['cores']} cores, native bf16: ")
+    assert machine.describe_machine(m).startswith(f"{m['cpu']}, {m['cores']} cores, native bf16: ")
 
 
 # --------------------------------------------------------------------------------------------
@@ -620,7 +635,7 @@ def test_suite_cli_lists_the_registry() -> None:
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    for b in suite.REGISTRY:
+    for b in registry.REGISTRY:
         assert f"{b.name}\n  full:  " in proc.stdout
 
 
@@ -630,7 +645,7 @@ def test_the_gpu_checks_run_registered_benches_and_the_gpu_tests() -> None:
     script = (ROOT / "tests/gpu/checks.sh").read_text()
     only = re.search(r"--only ([\w,]+)", script)
     assert only is not None
-    assert set(only.group(1).split(",")) <= {b.name for b in suite.REGISTRY}
+    assert set(only.group(1).split(",")) <= {b.name for b in registry.REGISTRY}
     assert "-m gpu tests/gpu" in script
     makefile = (ROOT / "Makefile").read_text()
     assert makefile.count('"not serial and not gpu"') == 1

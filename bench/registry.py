@@ -1,0 +1,390 @@
+"""The bench registry: every bench declared once (name, what it measures, its program, the
+arguments of its full and smoke sizes, its environment, timeouts and what its full size needs).
+`python -m bench.suite --list` prints it; bench/runner.py runs one entry."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from trainer.run_dir import RunDir
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "RESULTS.md"
+FULL_WORK = Path(tempfile.gettempdir()) / "paperscale-bench"
+TORCHRUN = ("{python}", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+CPU_RANKS = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+DEBIAN_CORPUS = "corpus/debian-ende"
+
+
+def _always() -> str | None:
+    return None
+
+
+def _needs_cuda() -> str | None:
+    """Why the GPU bench cannot run at full size here, or None."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return "no CUDA device (torch.cuda.is_available() is False); `--smoke` runs its CPU path"
+
+
+def _needs_debian_corpus() -> str | None:
+    """Why the data bench cannot run at full size here, or None."""
+    if (ROOT / DEBIAN_CORPUS / "train.en").is_file():
+        return None
+    return (
+        f"{DEBIAN_CORPUS} is missing (`make {DEBIAN_CORPUS}/corpus.json` fetches it; "
+        "`make bench` does first)"
+    )
+
+
+DEMO_RUN, DEMO_DATA = "runs/demo", "data/debian-ende"
+FAIRSEQ_PYTHON = ".venv-fairseq/bin/python"
+BY_SOURCE_CORPUS = "corpus/debian-ende-by-source"
+
+
+def _needs_fairseq() -> str | None:
+    """Why the fairseq comparison cannot run at full size here, or None."""
+    if not (ROOT / FAIRSEQ_PYTHON).is_file():
+        return f"{FAIRSEQ_PYTHON} is missing (`make fairseq-venv` installs fairseq beside torch)"
+    for corpus in (DEBIAN_CORPUS, BY_SOURCE_CORPUS):
+        if not (ROOT / corpus / "train.en").is_file():
+            return f"{corpus} is missing (`make bench` fetches it first)"
+    return None
+
+
+def _needs_demo_data() -> str | None:
+    """Why the preemption bench cannot run at full size here, or None."""
+    if (ROOT / DEMO_DATA / "manifest.json").is_file():
+        return None
+    return f"{DEMO_DATA} is missing (`make demo` prepares it)"
+
+
+def _needs_demo_run() -> str | None:
+    """Why the serving engines bench cannot run at full size here, or None."""
+    if (RunDir(ROOT / DEMO_RUN).model / "model.json").is_file() and (
+        ROOT / DEMO_DATA / "manifest.json"
+    ).is_file():
+        return None
+    return f"{DEMO_RUN}/model or {DEMO_DATA} is missing (`make demo` trains and writes them)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """One registered bench, declared once: its program and the arguments of each size.
+
+    The full command is `run + full + both + --json {json}`, the smoke one `run + --smoke +
+    smoke + both + --json {json}`; argument lists run from the repository root, `{python}` is
+    this interpreter, `{json}` the rows file the suite reads, `{work}` a scratch directory of
+    this bench's own. `env` is set for the run (and shown with the command). `needs` says why
+    the full run cannot happen on this machine (None: it can); a smoke run is always possible.
+    """
+
+    name: str
+    about: str
+    run: tuple[str, ...]
+    full_args: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
+    smoke_args: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
+    both: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
+    env: Mapping[str, str] = dataclasses.field(default_factory=lambda: ONE_THREAD, kw_only=True)
+    timeout_s: float = dataclasses.field(default=1800, kw_only=True)
+    smoke_timeout_s: float = dataclasses.field(default=300, kw_only=True)
+    needs: Callable[[], str | None] = dataclasses.field(default=_always, kw_only=True)
+
+    @property
+    def full(self) -> tuple[str, ...]:
+        return (*self.run, *self.full_args, *self.both, "--json", "{json}")
+
+    @property
+    def smoke(self) -> tuple[str, ...]:
+        return (*self.run, "--smoke", *self.smoke_args, *self.both, "--json", "{json}")
+
+    def command(self, smoke: bool) -> tuple[str, ...]:
+        return self.smoke if smoke else self.full
+
+
+REGISTRY: tuple[Bench, ...] = (
+    Bench(
+        "decode",
+        "Decoding sentences/s of greedy and beam 4 search, with and without the key/value cache.",
+        ("{python}", "-m", "bench.decode"),
+        smoke_timeout_s=120,
+    ),
+    Bench(
+        "decode_mixed",
+        "Decoding sentences/s (cache on) of a batch of varied source lengths, each sentence "
+        "ending at its own maximum length.",
+        ("{python}", "-m", "bench.decode", "--mixed"),
+        smoke_timeout_s=120,
+    ),
+    Bench(
+        "engines",
+        "Serving engines on the demo model: sentences/s, test BLEU and outputs equal to ours, "
+        "for paperscale, Transformers and CTranslate2 (fp32, int8), beam 4.",
+        ("{python}", "-m", "bench.decode"),
+        full_args=("--engines", "runs/demo", "--data", "data/debian-ende"),
+        smoke_args=("--engines-smoke",),
+        both=("--threads", "1"),
+        timeout_s=3600,
+        needs=_needs_demo_run,
+    ),
+    Bench(
+        "data",
+        "Data pipeline: shard bytes per sample, loader tokens/s, padding at a 4,096-token "
+        "budget, prepare pairs/s and peak memory.",
+        ("{python}", "-m", "bench.data"),
+        full_args=("--corpus", "corpus/debian-ende"),
+        both=("--work", "{work}"),
+        timeout_s=3600,
+        needs=_needs_debian_corpus,
+    ),
+    Bench(
+        "sinks",
+        "Training step time with wandb (offline) + TensorBoard + jsonl against jsonl alone.",
+        ("{python}", "-m", "bench.sinks"),
+        full_args=("--repeats", "3", "--steps", "10"),
+        env=CPU_RANKS,
+    ),
+    Bench(
+        "checkpoint",
+        "Checkpoint size and save / load seconds of the base model on 2 CPU ranks, against "
+        "`paperscale plan`'s estimate.",
+        (*TORCHRUN, "-m", "bench.checkpoint"),
+        full_args=("--config", "configs/base.yaml"),
+        env=CPU_RANKS,
+    ),
+    Bench(
+        "checkpoint_tiny",
+        "Checkpoint size, save / load seconds and the background save's stall of the demo "
+        "preset on 2 CPU ranks.",
+        (*TORCHRUN, "-m", "bench.checkpoint"),
+        full_args=("--config", "configs/tiny.yaml"),
+        env=CPU_RANKS,
+        timeout_s=900,
+    ),
+    Bench(
+        "save_overhead",
+        "Steps/s of `paperscale train` (tiny preset, 2 CPU ranks) with a save every 50 steps, "
+        "synchronous and in the background, against no saves; and each run against its own "
+        "median step.",
+        ("{python}", "-m", "bench.save_overhead"),
+        full_args=("--steps", "150", "--every", "50", "--repeats", "1"),
+        both=("--work", "{work}"),
+        env=CPU_RANKS,
+        timeout_s=2400,
+        smoke_timeout_s=400,
+    ),
+    Bench(
+        "plan_calibration",
+        "`paperscale plan`'s step model on this machine: one CPU rank's effective GFLOP/s and "
+        "overheads per step and per micro-batch (tiny preset), and the model's error at the "
+        "preset's own batch.",
+        ("{python}", "-m", "bench.plan_calibration", "--out", "{work}/plan-calibration.json"),
+        timeout_s=900,
+        smoke_timeout_s=120,
+    ),
+    Bench(
+        "budget_schedules",
+        "The same minutes of `paperscale train` (demo preset, 2 CPU ranks) with the budget's "
+        "linear decay against the paper's inverse square root: valid nll, BLEU, steps.",
+        ("{python}", "-m", "bench.time_to_quality", "--study", "schedules"),
+        full_args=("--data", "data/debian-ende", "--minutes", "12"),
+        both=("--work", "{work}"),
+        env=CPU_RANKS,
+        timeout_s=2400,
+        smoke_timeout_s=400,
+        needs=_needs_demo_data,
+    ),
+    Bench(
+        "batch_scaling",
+        "Steps and training seconds to the same valid nll at B and 2B target tokens per step "
+        "(peak lr x sqrt 2), demo preset's model on 2 CPU ranks.",
+        ("{python}", "-m", "bench.time_to_quality", "--study", "batch"),
+        full_args=("--data", "data/debian-ende", "--steps", "150"),
+        both=("--work", "{work}"),
+        env=CPU_RANKS,
+        timeout_s=3600,
+        smoke_timeout_s=400,
+        needs=_needs_demo_data,
+    ),
+    Bench(
+        "checkpoint_big",
+        "Checkpoint size and save / load seconds of the big model on 2 CPU ranks, against "
+        "`paperscale plan`'s estimate.",
+        (*TORCHRUN, "-m", "bench.checkpoint"),
+        full_args=("--config", "configs/big.yaml"),
+        smoke_args=("train.zero_stage=1",),
+        env=CPU_RANKS,
+    ),
+    Bench(
+        "loss_memory",
+        "Peak memory of the output projection and loss, forward and backward, at the base "
+        "preset: logits materialised against the chunked loss.",
+        ("{python}", "-m", "bench.loss_memory"),
+        timeout_s=900,
+    ),
+    Bench(
+        "preemption",
+        "Seconds from SIGTERM to every process of a 2-rank run to its checkpoint and exit 75, "
+        "tiny and base presets.",
+        ("{python}", "-m", "bench.preemption", "--work", "{work}"),
+        env=CPU_RANKS,
+        needs=_needs_demo_data,
+    ),
+    Bench(
+        "resume_drift",
+        "Loss drift of a plain DeepSpeed save / load: optimizer against RNG restore, 2 CPU ranks.",
+        (*TORCHRUN, "-m", "bench.resume_drift", "--dir", "{work}"),
+        env=CPU_RANKS,
+        timeout_s=1200,
+    ),
+    Bench(
+        "zero_memory",
+        "Measured per-rank memory of the model states under ZeRO 0-3 on 1 and 2 ranks against "
+        "`paperscale plan`.",
+        ("{python}", "-m", "bench.zero_memory"),
+        full_args=("--config", "configs/base.yaml"),
+        smoke_args=("--timeout", "300"),
+        env=CPU_RANKS,
+        timeout_s=3600,
+        smoke_timeout_s=420,
+    ),
+    Bench(
+        "train_overhead",
+        "Tokens/s of the paperscale training step against a bare PyTorch loop, same batches and"
+        " precision.",
+        ("{python}", "-m", "bench.train_overhead", "--work", "{work}"),
+        env=CPU_RANKS,
+        timeout_s=3600,
+    ),
+    Bench(
+        "peer_fairseq",
+        "paperscale against fairseq on the demo recipe, same data, model and machine: training "
+        "and validation nll, target tokens/s (shuffled and source-ordered input); the same "
+        "weights and batches stepped by both; three initialisations.",
+        ("{python}", "-m", "bench.peer_fairseq"),
+        full_args=(
+            "--fairseq-python",
+            ".venv-fairseq/bin/python",
+            "--corpus",
+            "corpus/debian-ende",
+            "--corpus",
+            "corpus/debian-ende-by-source",
+        ),
+        both=("--work", "{work}"),
+        env=CPU_RANKS,
+        timeout_s=7200,
+        smoke_timeout_s=420,
+        needs=_needs_fairseq,
+    ),
+    Bench(
+        "peer_fairseq_speed",
+        "paperscale (fp32, and in auto's precision) against fairseq (fp32, its only CPU "
+        "precision) on the demo recipe, side by side on the same shuffled corpus, model and "
+        "batch: target tokens/s and their ratio, training and validation nll at 400 steps.",
+        ("{python}", "-m", "bench.peer_fairseq"),
+        full_args=(
+            "--fairseq-python",
+            ".venv-fairseq/bin/python",
+            "--corpus",
+            "corpus/debian-ende",
+        ),
+        both=("--no-controlled", "--precision", "fp32", "--precision", "auto", "--work", "{work}"),
+        env=CPU_RANKS,
+        timeout_s=3600,
+        smoke_timeout_s=420,
+        needs=_needs_fairseq,
+    ),
+    Bench(
+        "scaling",
+        "Tokens/s of `paperscale train` on 2 local CPU ranks against 1.",
+        ("{python}", "-m", "bench.scaling", "--work", "{work}"),
+        timeout_s=5400,
+        smoke_timeout_s=420,
+    ),
+    Bench(
+        "synthetic_task",
+        "The synthetic task end to end through the CLI (corpus, prepare, train on 2 ranks, "
+        "evaluate): BLEU >= 90 within 10 minutes.",
+        ("{python}", "-m", "bench.synthetic_task"),
+        smoke_timeout_s=420,
+    ),
+    Bench(
+        "gpu",
+        "The big model on one GPU at the paper's batch: tokens/s, MFU and peak memory, ZeRO 1 "
+        "and 2, with and without torch.compile.",
+        ("bash", "bench/gpu.sh"),
+        env={"PYTHON": "{python}"},
+        timeout_s=900,
+        smoke_timeout_s=960,
+        needs=_needs_cuda,
+    ),
+    Bench(
+        "cpu_step",
+        "The demo preset's step on 2 CPU ranks: target tokens/s and MFU of the defaults, of "
+        "fp32, of each speed choice undone and of the code before them (84d301c), side by side;"
+        " the profiler's grouped table of the defaults and of that code.",
+        ("{python}", "-m", "bench.cpu_step"),
+        full_args=("--data", "data/debian-ende", "--before", "84d301c"),
+        both=("--work", "{work}"),
+        timeout_s=3600,
+        smoke_timeout_s=420,
+        needs=_needs_demo_data,
+    ),
+    Bench(
+        "attention",
+        "SDPA kernels side by side: forward + backward ms of each at the demo preset's "
+        "attention shapes, fp32 and (where native) bf16; the figures behind `train.attention: "
+        "auto`.",
+        ("{python}", "-m", "bench.attention"),
+        timeout_s=1200,
+        smoke_timeout_s=120,
+    ),
+    Bench(
+        "attention_gpu",
+        "SDPA kernels side by side on a GPU at the big preset's attention shapes (math, flash, "
+        "memory-efficient, cuDNN and torch's own choice): the figures behind `auto` on CUDA.",
+        ("{python}", "-m", "bench.attention", "--config", "configs/big.yaml"),
+        timeout_s=300,
+        smoke_timeout_s=120,
+        needs=_needs_cuda,
+    ),
+)
+
+
+def by_name(names: Sequence[str] | None) -> list[Bench]:
+    """The registered benches called `names` (all when None), in registry order; ValueError
+    naming any unknown one."""
+    if not names:
+        return list(REGISTRY)
+    known = {b.name for b in REGISTRY}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown bench(es) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [b for b in REGISTRY if b.name in names]
+
+
+def find(name: str) -> Bench | None:
+    """The registered bench called `name`, or None."""
+    return next((b for b in REGISTRY if b.name == name), None)
+
+
+def names() -> list[str]:
+    """The registered benches' names, in registry order."""
+    return [b.name for b in REGISTRY]
+
+
+def print_registry(out: TextIO = sys.stdout) -> None:
+    """Each bench's name, full command and smoke command ({python}: this interpreter, {json}:
+    the rows file, {work}: the bench's scratch directory)."""
+    for b in REGISTRY:
+        env = "".join(f"{k}={v} " for k, v in b.env.items())
+        out.write(f"{b.name}\n  full:  {env}{' '.join(b.full)}\n")
+        out.write(f"  smoke: {env}{' '.join(b.smoke)}\n")
