@@ -26,7 +26,9 @@ import gc
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,7 +45,19 @@ from trainer.run_dir import RunDir
 from trainer.state import RngState, TrainState
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class SaveTimes:
+    """Seconds of the timed saves and the restore (the async and synchronous ones: the best)."""
+
+    saved: float  # the first synchronous save
+    loaded: float  # the restore after the saves
+    stall: float  # a background save: until `save` returns
+    total: float  # a background save: until the checkpoint is published
+    sync: float  # a synchronous save, best of the side by side
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line; --smoke replaces the preset by the tiny one at the smoke size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/base.yaml")
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
@@ -53,11 +67,11 @@ def main() -> None:
     if args.smoke:
         args.config = "configs/tiny.yaml"
         args.overrides = [*SMOKE_MODEL, "data.vocab_size=64", *args.overrides]
-    job = load_config(args.config, args.overrides)
-    env = init_distributed("cpu")
-    vocab = job.model.vocab_size or job.data.vocab_size
-    model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
-    job = settle_precision(job, env, model_cfg)
+    return args
+
+
+def trained_engine(job: Any, model_cfg: ModelConfig, env: Any, vocab: int) -> Any:
+    """The preset's engine after one optimizer step on random tokens (Adam's moments filled)."""
     torch.manual_seed(job.train.seed)
     engine = build_engine(job, model_cfg, env)
     src = torch.randint(4, vocab, (8, 32))  # (B, S)
@@ -66,26 +80,18 @@ def main() -> None:
         loss, _, n = label_smoothed_loss(engine(src, tgt[:, :-1]), tgt[:, 1:], 0.1)
         engine.backward(loss / n)
         engine.step()
+    return engine
 
-    # as the training loop does once set up (trainer/loop.py): what lives for the whole run is
-    # left out of the garbage collector's scans, so no full collection (~0.5 s over the ~400k
-    # objects of torch and DeepSpeed) lands inside a timed save, as none does in a run
-    gc.freeze()
-    shared = [args.dir or (tempfile.mkdtemp(prefix="ckpt-bench-") if env.is_main else None)]
-    dist.broadcast_object_list(shared, src=0)  # one directory, made by rank 0
-    base = Path(shared[0])
-    ckpts = RunDir(base).checkpoints
-    manager = CheckpointManager(
-        ckpts, engine, env.rank, env.world_size, TrainState(step=1), {"rng": RngState()},
-        keep_last=1, meta={"model": model_cfg.__dict__, "config": {}},
-        precision=job.train.precision,
-    )  # fmt: skip
+
+def time_saves(manager: CheckpointManager, smoke: bool) -> tuple[str, SaveTimes]:
+    """A synchronous save, then background and synchronous saves in turn, then the restore of
+    the last; the tag restored and the times (every rank waits for the others around each)."""
     dist.barrier()
     start = time.perf_counter()
     tag = manager.save(1)
     saved = time.perf_counter() - start
     stalls, totals, syncs = [], [], [saved]
-    for i in range(1 if args.smoke else 3):  # side by side: background, then synchronous
+    for i in range(1 if smoke else 3):  # side by side: background, then synchronous
         dist.barrier()
         start = time.perf_counter()
         manager.save(2 + 2 * i, background=True)
@@ -101,51 +107,86 @@ def main() -> None:
     manager.restore(tag)
     dist.barrier()
     loaded = time.perf_counter() - start
+    return tag, SaveTimes(saved, loaded, stall, total, sync)
+
+
+def report(
+    args: argparse.Namespace, job: Any, env: Any, engine: Any, tag_dir: Path, vocab: int,
+    t: SaveTimes,
+) -> None:  # fmt: skip
+    """Print the checkpoint in `tag_dir`, its times and the plan's estimate; write the rows."""
+    files = [p for p in tag_dir.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    params = sum(p.numel() for p in engine.module.parameters())
+    print(f"config            {args.config}  (vocab {vocab}, {params:,} parameters)")
+    print(f"ranks / ZeRO      {env.world_size} / stage {job.train.zero_stage}, "
+          f"{job.train.precision}")  # fmt: skip
+    print(f"checkpoint size   {size / 2**20:,.0f} MiB in {len(files)} files "
+          f"({size / params:.1f} bytes per parameter)")  # fmt: skip
+    print(f"save              {t.saved:.1f} s ({size / 2**20 / t.saved:,.0f} MiB/s)")
+    print(f"load              {t.loaded:.1f} s")
+    print(f"async save        {t.stall:.2f} s stall (state copied to host memory), written "
+          f"and published in {t.total:.1f} s; synchronous {t.sync:.1f} s: stall "
+          f"{t.stall / t.sync:.3f} of a synchronous save")  # fmt: skip
+    # what `paperscale plan` says of this save: one node holding every rank
+    plan = save_plan(params, job.train.zero_stage, env.world_size, env.world_size,
+                     job.train.precision)  # fmt: skip
+    print(f"plan's estimate   {plan.total_bytes / 2**20:,.0f} MiB, the node "
+          f"{plan.node_bytes / 2**20:,.0f} MiB, save ~{plan.seconds:.1f} s at "
+          f"{plan.write_gbs:g} GB/s assumed; measured save / estimate "
+          f"{t.saved / plan.seconds:.2f}")  # fmt: skip
+    case = {
+        "config": args.config,
+        "parameters": params,
+        "ranks": env.world_size,
+        "zero_stage": job.train.zero_stage,
+        "precision": job.train.precision,
+    }
+    write_rows(
+        args.json,
+        [
+            row("checkpoint size", size / 2**20, "MiB", files=len(files), **case),
+            row("bytes per parameter", size / params, "bytes", **case),
+            row("save", t.saved, "s", **case),
+            row("save rate", size / 2**20 / t.saved, "MiB/s", **case),
+            row("load", t.loaded, "s", **case),
+            row("plan checkpoint size", plan.total_bytes / 2**20, "MiB", **case),
+            row("plan save estimate", plan.seconds, "s", write_gbs=plan.write_gbs, **case),
+            row("measured save / plan estimate", t.saved / plan.seconds, "x", **case),
+            row("synchronous save (best of the side by side)", t.sync, "s", **case),
+            row("async save: stall", t.stall, "s", **case),
+            row("async save: written and published", t.total, "s", **case),
+            row("async stall / synchronous save", t.stall / t.sync, "x", **case),
+        ],
+    )
+
+
+def main() -> None:
+    """Time the saves and the restore of the preset's engine on every rank; rank 0 reports."""
+    args = parse_args()
+    job = load_config(args.config, args.overrides)
+    env = init_distributed("cpu")
+    vocab = job.model.vocab_size or job.data.vocab_size
+    model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+    job = settle_precision(job, env, model_cfg)
+    engine = trained_engine(job, model_cfg, env, vocab)
+
+    # as the training loop does once set up (trainer/loop.py): what lives for the whole run is
+    # left out of the garbage collector's scans, so no full collection (~0.5 s over the ~400k
+    # objects of torch and DeepSpeed) lands inside a timed save, as none does in a run
+    gc.freeze()
+    shared = [args.dir or (tempfile.mkdtemp(prefix="ckpt-bench-") if env.is_main else None)]
+    dist.broadcast_object_list(shared, src=0)  # one directory, made by rank 0
+    base = Path(shared[0])
+    ckpts = RunDir(base).checkpoints
+    manager = CheckpointManager(
+        ckpts, engine, env.rank, env.world_size, TrainState(step=1), {"rng": RngState()},
+        keep_last=1, meta={"model": model_cfg.__dict__, "config": {}},
+        precision=job.train.precision,
+    )  # fmt: skip
+    tag, times = time_saves(manager, args.smoke)
     if env.is_main:
-        files = [p for p in ckpts.tag_dir(tag).rglob("*") if p.is_file()]
-        size = sum(p.stat().st_size for p in files)
-        params = sum(p.numel() for p in engine.module.parameters())
-        print(f"config            {args.config}  (vocab {vocab}, {params:,} parameters)")
-        print(f"ranks / ZeRO      {env.world_size} / stage {job.train.zero_stage}, "
-              f"{job.train.precision}")  # fmt: skip
-        print(f"checkpoint size   {size / 2**20:,.0f} MiB in {len(files)} files "
-              f"({size / params:.1f} bytes per parameter)")  # fmt: skip
-        print(f"save              {saved:.1f} s ({size / 2**20 / saved:,.0f} MiB/s)")
-        print(f"load              {loaded:.1f} s")
-        print(f"async save        {stall:.2f} s stall (state copied to host memory), written "
-              f"and published in {total:.1f} s; synchronous {sync:.1f} s: stall "
-              f"{stall / sync:.3f} of a synchronous save")  # fmt: skip
-        # what `paperscale plan` says of this save: one node holding every rank
-        plan = save_plan(params, job.train.zero_stage, env.world_size, env.world_size,
-                         job.train.precision)  # fmt: skip
-        print(f"plan's estimate   {plan.total_bytes / 2**20:,.0f} MiB, the node "
-              f"{plan.node_bytes / 2**20:,.0f} MiB, save ~{plan.seconds:.1f} s at "
-              f"{plan.write_gbs:g} GB/s assumed; measured save / estimate "
-              f"{saved / plan.seconds:.2f}")  # fmt: skip
-        case = {
-            "config": args.config,
-            "parameters": params,
-            "ranks": env.world_size,
-            "zero_stage": job.train.zero_stage,
-            "precision": job.train.precision,
-        }
-        write_rows(
-            args.json,
-            [
-                row("checkpoint size", size / 2**20, "MiB", files=len(files), **case),
-                row("bytes per parameter", size / params, "bytes", **case),
-                row("save", saved, "s", **case),
-                row("save rate", size / 2**20 / saved, "MiB/s", **case),
-                row("load", loaded, "s", **case),
-                row("plan checkpoint size", plan.total_bytes / 2**20, "MiB", **case),
-                row("plan save estimate", plan.seconds, "s", write_gbs=plan.write_gbs, **case),
-                row("measured save / plan estimate", saved / plan.seconds, "x", **case),
-                row("synchronous save (best of the side by side)", sync, "s", **case),
-                row("async save: stall", stall, "s", **case),
-                row("async save: written and published", total, "s", **case),
-                row("async stall / synchronous save", stall / sync, "x", **case),
-            ],
-        )
+        report(args, job, env, engine, ckpts.tag_dir(tag), vocab, times)
     dist.barrier()
     if env.is_main and not args.dir:
         shutil.rmtree(base, ignore_errors=True)

@@ -34,6 +34,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows
+from trainer.run_dir import RunDir
 from trainer.step_time import GROUPS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,10 +93,10 @@ def train(
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"train in {root} failed: {proc.stderr[-2000:]}")
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in RunDir(run_dir).metrics.read_text().splitlines()]
     windows = [r for r in records if "tgt_tokens_per_s" in r][1:]
     tables = sorted(run_dir.glob("profile/*/rank_00000.groups.json"))
-    settled = OmegaConf.load(run_dir / "config.yaml")
+    settled = OmegaConf.load(RunDir(run_dir).config)
     return {
         "precision": str(settled.train.precision),
         "tokens": [r["tgt_tokens_per_s"] for r in windows],

@@ -39,147 +39,20 @@ vocabulary 200, 0.5 s per loader measurement, one ``--pairs`` run of 3,000 (seco
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import shutil
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.common import Row, add_output_arguments, row, write_rows
-from data_pipeline.batching import Sample, plan_batches, round_up
+from bench.data_corpus import log, make_corpus, run_prepare, smoke_corpus
+from bench.data_padding import PADDING_ROWS, padding_stats, read_lengths
 from data_pipeline.config import DataConfig
 from data_pipeline.loader import TokenBatchStream
-from data_pipeline.manifest import read_manifest
-from data_pipeline.shards import iter_shard
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# prepare in a subprocess, with its memory
-
-
-_PREPARE_CHILD = r"""
-import json, resource, sys, time
-from pathlib import Path
-from data_pipeline.prepare import prepare
-args = json.loads(sys.argv[1])
-marks = []
-t0 = time.monotonic()
-def log(msg):
-    marks.append([time.monotonic() - t0, msg])
-print(json.dumps({"t0": t0}), flush=True)
-m = prepare(Path(args["corpus"]), Path(args["out"]), log=log, progress=False, **args["kw"])
-self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-print(json.dumps({"wall": time.monotonic() - t0, "marks": marks, "main_kb": self_kb,
-                  "worker_kb": child_kb, "manifest": m}))
-"""
-
-
-def _tree_rss(pid: int) -> int:
-    """Sum of the PSS (bytes) of a process and its descendants, from /proc."""
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - psutil comes with the dev tools
-        return 0
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    total = 0
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            # PSS: pages shared after fork (copy-on-write) are counted once in the sum.
-            total += p.memory_full_info().pss
-    return total
-
-
-def run_prepare(corpus: Path, out: Path, **kw: Any) -> dict[str, Any]:
-    """``prepare`` in a fresh subprocess; its result, timings and peak memory."""
-    shutil.rmtree(out, ignore_errors=True)
-    args = json.dumps({"corpus": str(corpus), "out": str(out), "kw": kw})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _PREPARE_CHILD, args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    timeline: list[tuple[float, int]] = []  # (monotonic time, tree PSS)
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            timeline.append((time.monotonic(), _tree_rss(proc.pid)))
-            stop.wait(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, _ = proc.communicate()
-    stop.set()
-    sampler.join()
-    if proc.returncode != 0:
-        raise RuntimeError(f"prepare of {corpus} failed with exit code {proc.returncode}")
-    lines = stdout.decode().strip().splitlines()
-    t0 = json.loads(lines[0])["t0"]  # the child's start on the same monotonic clock
-    res = json.loads(lines[-1])
-    marks = res["marks"]
-    spm_done = next(t for t, m in marks if "sentencepiece trained" in m)
-    train_done = next(t for t, m in marks if m.startswith("prepare: train:"))
-    res["tree_peak"] = max((m for _, m in timeline), default=0)
-    res["spm_peak"] = max((m for t, m in timeline if t - t0 <= spm_done), default=0)
-    res["shard_peak"] = max((m for t, m in timeline if t - t0 > spm_done), default=0)
-    train = res["manifest"]["splits"]["train"]
-    res["spm_s"] = spm_done
-    res["shard_s"] = train_done - spm_done
-    res["lines"] = train["cleaning"]["lines"]
-    res["bytes_per_sample"] = sum(s["bytes"] for s in train["shards"]) / max(1, train["samples"])
-    return res
-
-
-def make_corpus(real: Path, out: Path, pairs: int) -> Path:
-    """``pairs`` training pairs from ``real``'s (repetition r rotates the words by r) plus its
-    valid/test files."""
-    out.mkdir(parents=True, exist_ok=True)
-    done = out / "n"
-    if (out / "train.en").is_file() and done.is_file() and done.read_text() == str(pairs):
-        return out
-    en = (real / "train.en").read_text(encoding="utf-8").splitlines()
-    de = (real / "train.de").read_text(encoding="utf-8").splitlines()
-
-    def rotate(line: str, r: int) -> str:
-        words = line.split()
-        k = r % len(words) if words else 0
-        return " ".join(words[k:] + words[:k])
-
-    with (
-        open(out / "train.en", "w", encoding="utf-8") as fe,
-        open(out / "train.de", "w", encoding="utf-8") as fd,
-    ):
-        for n in range(pairs):
-            r, i = divmod(n, len(en))
-            fe.write((rotate(en[i], r) if r else en[i]) + "\n")
-            fd.write((rotate(de[i], r) if r else de[i]) + "\n")
-    for split in ("valid", "test"):
-        for lang in ("en", "de"):
-            if (real / f"{split}.{lang}").is_file():
-                shutil.copyfile(real / f"{split}.{lang}", out / f"{split}.{lang}")
-    (out / "n").write_text(str(pairs))
-    return out
-
 
 # --------------------------------------------------------------------------------------------
 # loader throughput
@@ -222,127 +95,10 @@ def loader_rate(
 
 
 # --------------------------------------------------------------------------------------------
-# padding
-
-
-def _plan_v1(
-    samples: Sequence[Sample], max_tokens: int, pad_multiple: int, bucket_width: int, rng: Any
-) -> list[list[int]]:
-    """The batching before this change: random order inside buckets of max(S, T)."""
-    order = sorted(
-        rng.permutation(len(samples)).tolist(),
-        key=lambda i: (max(samples[i].src_len, samples[i].tgt_len) - 1) // bucket_width,
-    )
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    cur_s = cur_t = 0
-    for i in order:
-        s = round_up(max(cur_s, samples[i].src_len), pad_multiple)
-        t = round_up(max(cur_t, samples[i].tgt_len), pad_multiple)
-        if cur and (len(cur) + 1) * max(s, t) > max_tokens:
-            batches.append(cur)
-            cur, cur_s, cur_t = [], 0, 0
-        cur.append(i)
-        cur_s = max(cur_s, samples[i].src_len)
-        cur_t = max(cur_t, samples[i].tgt_len)
-    if cur:
-        batches.append(cur)
-    return batches
-
-
-def read_lengths(data: Path, max_len: int) -> list[list[tuple[int, int]]]:
-    """(S, T) of every training sample the loader keeps, per shard, in file order."""
-    m = read_manifest(data)
-    out = []
-    for shard in m["splits"]["train"]["shards"]:
-        lens = []
-        item = 2 if m["dtype"] == "uint16" else 4
-        for raw in iter_shard(data / shard["name"]):
-            s = len(raw.parts["src.ids"]) // item
-            t = len(raw.parts["tgt.ids"]) // item + 1
-            if max(s, t) <= max_len:
-                lens.append((s, t))
-        out.append(lens)
-    return out
-
-
-def padding_stats(
-    shards: list[list[tuple[int, int]]],
-    *,
-    version: int,
-    window: int,
-    max_tokens: int,
-    pad_multiple: int,
-    bucket_width: int,
-    batch_multiple: int = 1,
-    seed: int = 1,
-) -> dict[str, float]:
-    """Padding of one epoch batched like the loader does (windows of ``window`` per shard)."""
-    real = padded = floor = n_batches = aligned = 0
-    empty = np.zeros(0, dtype=np.int64)
-    for k, lens in enumerate(shards):
-        for ws in range(0, len(lens), window):
-            chunk = lens[ws : ws + window]
-            samples = [Sample("", np.zeros(s, np.int64), np.zeros(t - 1), "", "") for s, t in chunk]
-            rng = np.random.default_rng([seed, 0, k, 0, 1, ws])
-            if version == 1:
-                groups = _plan_v1(samples, max_tokens, pad_multiple, bucket_width, rng)
-            else:
-                groups = plan_batches(
-                    samples,
-                    max_tokens=max_tokens,
-                    pad_multiple=pad_multiple,
-                    bucket_width=bucket_width,
-                    rng=rng,
-                    batch_multiple=batch_multiple,
-                )
-            for g in groups:
-                s = np.array([chunk[i][0] for i in g] or empty)
-                t = np.array([chunk[i][1] for i in g] or empty)
-                b = len(g)
-                s_pad = round_up(int(s.max()), pad_multiple)
-                t_pad = round_up(int(t.max()), pad_multiple)
-                real += int(s.sum() + t.sum())
-                padded += b * (s_pad + t_pad)
-                floor += sum(round_up(int(x), pad_multiple) - int(x) for x in (*s, *t))
-                n_batches += 1
-                aligned += (b * s_pad) % 8 == 0 and (b * t_pad) % 8 == 0
-    return {
-        "padding": (padded - real) / padded,
-        "rounding": floor / padded,
-        "mismatch": (padded - real - floor) / padded,
-        "fill": real / (n_batches * 2 * max_tokens),
-        "batches": n_batches,
-        "rows_multiple": aligned / max(1, n_batches),  # batches whose B*S and B*T % 8 == 0
-    }
-
-
-# (batching version, pad_multiple, batch_multiple, bucket_width, window): the settings before
-# batching v3 (v1 and v2 at pad 8, bucket 8, window 2,000), then v3 at the defaults and around.
-PADDING_ROWS = [
-    (1, 8, 1, 8, 2000),
-    (2, 8, 1, 8, 2000),
-    (3, 8, 8, 1, 100_000),
-    (3, 1, 1, 1, 16_000),
-    (3, 1, 8, 1, 2_000),
-    (3, 1, 8, 1, 16_000),
-    (3, 1, 8, 1, 100_000),
-]
-
-# --------------------------------------------------------------------------------------------
-
-
-def smoke_corpus(work: Path) -> Path:
-    """A small synthetic corpus (train/valid/test .en/.de) under `work`, written once."""
-    from data_pipeline.corpus.synthetic import write_synthetic
-
-    out = work / "corpus-smoke"
-    if not (out / "corpus.json").is_file():
-        write_synthetic(out, n_train=2000, n_valid=50, n_test=50, seed=1)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the sections the command line asks for; print their tables, write their rows."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
         "--corpus",
@@ -384,9 +140,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure_data(a: argparse.Namespace) -> list[Row]:
-    """Sections 1-3: shard bytes, loader tokens/s, padding; their rows."""
+    """Sections 1-3 (and 4's input order with the loader): shard bytes, loader tokens/s,
+    padding; their rows."""
+    data, rows = measure_shards(a)
+    if not a.skip_loader:
+        rows += measure_loader(a, data)
+        rows += measure_order(a, data["tar"])
+    rows += measure_padding(a, data["tar"])
+    return rows
+
+
+def measure_shards(a: argparse.Namespace) -> tuple[dict[str, Path], list[Row]]:
+    """Section 1: the corpus prepared into plain and gzip shards; the data dir of each kind and
+    the rows of their bytes per sample and shard-stage pairs/s."""
     rows: list[Row] = []
-    # 1. shards: plain and gzip.
     data: dict[str, Path] = {}
     prep: dict[str, dict[str, Any]] = {}
     for kind, compress in (("tar", False), ("tar.gz", True)):
@@ -406,31 +173,36 @@ def measure_data(a: argparse.Namespace) -> list[Row]:
                         shards=kind))  # fmt: skip
         rows.append(row(f"prepare shard stage, {kind}", r["lines"] / r["shard_s"], "pairs/s",
                         shards=kind, workers=2))  # fmt: skip
+    return data, rows
 
-    # 2. loader.
-    if not a.skip_loader:
-        print(f"\n## loader: one TokenBatchStream, train, max_tokens {a.max_tokens}")
-        print(
-            f"{'shards':8} {'workers':>7} {'tokens/s':>10} {'samples/s':>10} {'batches/s':>9} "
-            f"{'start s':>7} {'w/ start':>10}"
-        )
-        for kind in data:
-            for workers in (0, 1):
-                r = loader_rate(data[kind], workers, a.max_tokens, a.seconds)
-                print(
-                    f"{kind:8} {workers:>7} {r['tokens_s']:>10.0f} {r['samples_s']:>10.0f} "
-                    f"{r['batches_s']:>9.1f} {r['startup_s']:>7.2f} "
-                    f"{r['tokens_s_with_start']:>10.0f}"
-                )
-                case = {"shards": kind, "workers": workers, "max_tokens": a.max_tokens}
-                rows.append(row(f"loader, {kind}, {workers} workers", r["tokens_s"], "tokens/s",
-                                startup_s=r["startup_s"], **case))  # fmt: skip
 
-    if not a.skip_loader:
-        rows += measure_order(a, data["tar"])
+def measure_loader(a: argparse.Namespace, data: dict[str, Path]) -> list[Row]:
+    """Section 2: loader tokens/s of every shard kind with 0 and 1 workers; their rows."""
+    rows: list[Row] = []
+    print(f"\n## loader: one TokenBatchStream, train, max_tokens {a.max_tokens}")
+    print(
+        f"{'shards':8} {'workers':>7} {'tokens/s':>10} {'samples/s':>10} {'batches/s':>9} "
+        f"{'start s':>7} {'w/ start':>10}"
+    )
+    for kind in data:
+        for workers in (0, 1):
+            r = loader_rate(data[kind], workers, a.max_tokens, a.seconds)
+            print(
+                f"{kind:8} {workers:>7} {r['tokens_s']:>10.0f} {r['samples_s']:>10.0f} "
+                f"{r['batches_s']:>9.1f} {r['startup_s']:>7.2f} "
+                f"{r['tokens_s_with_start']:>10.0f}"
+            )
+            case = {"shards": kind, "workers": workers, "max_tokens": a.max_tokens}
+            rows.append(row(f"loader, {kind}, {workers} workers", r["tokens_s"], "tokens/s",
+                            startup_s=r["startup_s"], **case))  # fmt: skip
+    return rows
 
-    # 3. padding.
-    lens = read_lengths(data["tar"], 256)
+
+def measure_padding(a: argparse.Namespace, data: Path) -> list[Row]:
+    """Section 3: padding of the training split of `data` at every setting of PADDING_ROWS;
+    their rows."""
+    rows: list[Row] = []
+    lens = read_lengths(data, 256)
     n = sum(len(x) for x in lens)
     mean_s = np.mean([s for x in lens for s, _ in x])
     mean_t = np.mean([t for x in lens for _, t in x])
@@ -495,7 +267,7 @@ def measure_order(a: argparse.Namespace, shuffled: Path) -> list[Row]:
 
 
 def measure_prepare(a: argparse.Namespace) -> list[Row]:
-    """Section 4: prepare pairs/s and peak memory against corpus size; their rows."""
+    """Section 5: prepare pairs/s and peak memory against corpus size; their rows."""
     rows: list[Row] = []
     if a.pairs:
         print(f"\n## prepare, 2 workers, input_sentence_size {a.spm_sentences}")

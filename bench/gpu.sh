@@ -11,8 +11,8 @@
 #
 # Python: $PYTHON, else .venv/bin/python, else python3 (a GPU image's own torch). Packages the
 # image lacks (deepspeed, omegaconf, pydantic, ...) travel as wheels in .whl/ (written by
-# --fetch-wheels for Python 3.12 on x86-64); when .whl/ exists they are installed into a
-# temporary directory on PYTHONPATH first. Each configuration runs in its own process, so
+# --fetch-wheels for Python 3.12 on x86-64); when a package is missing and .whl/ exists, they
+# are installed into a temporary directory on PYTHONPATH first. Each configuration runs in its own process, so
 # that one engine's memory never counts in the next one's peak.
 set -euo pipefail
 
@@ -57,17 +57,14 @@ if [[ $MODE == fetch ]]; then
     exit 0
 fi
 
-if [[ -d .whl ]] && ls .whl/*.whl >/dev/null 2>&1; then
-    SITE=$(mktemp -d /tmp/paperscale-site.XXXXXX)
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
-    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
 [[ $MODE == smoke ]] && export DS_ACCELERATOR=cpu
-missing=$("$PY" - 2>/dev/null <<'EOF'
+
+missing_packages() {  # the packages the runs need that $PY cannot import
+    "$PY" - 2>/dev/null <<'EOF' | sed -n 's/^MISSING://p'
 import importlib
-names = ["torch", "deepspeed", "omegaconf", "sentencepiece", "safetensors", "sacrebleu", "numpy"]
+names = ["torch", "deepspeed", "omegaconf", "sentencepiece", "safetensors", "sacrebleu", "numpy",
+         "webdataset"]
 bad = []
 for name in names:
     try:
@@ -76,8 +73,16 @@ for name in names:
         bad.append(name)
 print("MISSING:" + " ".join(bad))
 EOF
-)
-missing=$(sed -n 's/^MISSING://p' <<< "$missing")
+}
+
+missing=$(missing_packages)
+# the wheels only where something is missing (they are built for the GPU image's Python)
+if [[ -n "$missing" ]] && [[ -d .whl ]] && ls .whl/*.whl >/dev/null 2>&1; then
+    SITE=$(mktemp -d /tmp/paperscale-site.XXXXXX)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
+    export PYTHONPATH="$SITE:$PYTHONPATH"
+    missing=$(missing_packages)
+fi
 if [[ -n "$missing" ]]; then
     echo "bench/gpu.sh: $PY lacks: $missing (run 'bash bench/gpu.sh --fetch-wheels' where pip can reach PyPI and bring .whl/ along)" >&2
     exit 2

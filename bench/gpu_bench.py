@@ -24,7 +24,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,17 +109,21 @@ def wmt14_steps(job: Any, vocab: int, tokens: int, n_steps: int, seed: int = 1) 
     return [micro[i : i + k] for i in range(0, want, k)]
 
 
-def run(args: argparse.Namespace) -> dict:
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+class Timing(NamedTuple):
+    """What the timed steps of one configuration gave."""
 
-    from data_pipeline.batching import Batch
+    loss: float  # of the last step
+    warmup_s: float  # all --warmup steps
+    step_s: float  # per timed step
+
+
+def run(args: argparse.Namespace) -> dict:
+    """One configuration: the engine of --config on --device, trained on random tokens for
+    --warmup and then --steps timed steps; its row of the table."""
     from launch.config import load_config
     from model.config import ModelConfig
     from trainer.dist import init_distributed
-    from trainer.ds.engine import PRECISION_DTYPES, build_engine, seed_everything
-    from trainer.flops import peak_flops
-    from trainer.step import batch_flops, train_step
+    from trainer.ds.engine import build_engine, seed_everything
 
     job = load_config(args.config, [f"train.device={args.device}", *args.overrides])
     env = init_distributed(args.device)
@@ -127,6 +131,18 @@ def run(args: argparse.Namespace) -> dict:
     cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
     seed_everything(1)
     engine = build_engine(job, cfg, env)
+    steps = step_batches(args, job, vocab)
+    timing = time_steps(args, engine, env, cfg, steps)
+    return result_row(args, job, env, cfg, engine, steps, timing)
+
+
+def step_batches(args: argparse.Namespace, job: Any, vocab: int) -> list[list]:
+    """The steps to train on, `job.train.grad_accum` micro-batches each: one step of
+    --seq-len-token rows, unpadded (`--lengths fixed`), or WMT14-like ones (`wmt14`)."""
+    import torch
+
+    from data_pipeline.batching import Batch
+
     rows_per_micro = max(1, args.tokens // (args.seq_len * job.train.grad_accum))
 
     def micro() -> Batch:
@@ -136,9 +152,19 @@ def run(args: argparse.Namespace) -> dict:
         return Batch(src, tgt[:, :-1], tgt[:, 1:], n_src_tokens=n, n_tgt_tokens=n)
 
     if args.lengths == "fixed":
-        steps = [[micro() for _ in range(job.train.grad_accum)]]
-    else:
-        steps = wmt14_steps(job, vocab, args.tokens, args.warmup + args.steps)
+        return [[micro() for _ in range(job.train.grad_accum)]]
+    return wmt14_steps(job, vocab, args.tokens, args.warmup + args.steps)
+
+
+def time_steps(args: argparse.Namespace, engine: Any, env: Any, cfg: Any, steps: list) -> Timing:
+    """--warmup steps, then --steps timed ones (step i trains on `steps[i % len(steps)]`), with
+    attention restricted to the fused SDPA kernels (and the math one on a CPU); the peak memory
+    statistics restart after the warm-up."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from trainer.step import train_step
+
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
     if args.device == "cpu":
         backends.append(SDPBackend.MATH)
@@ -164,8 +190,24 @@ def run(args: argparse.Namespace) -> dict:
             sums = train_step(engine, batches(i), env, cfg.label_smoothing, [False]).sums
         sync()
         seconds = (time.perf_counter() - start) / args.steps
-    loss = float(sums[0] / sums[2])
-    measured = [batches(i) for i in range(args.warmup, args.warmup + args.steps)]
+    return Timing(float(sums[0] / sums[2]), warmup_s, seconds)
+
+
+def result_row(
+    args: argparse.Namespace, job: Any, env: Any, cfg: Any, engine: Any, steps: list,
+    timing: Timing,
+) -> dict:  # fmt: skip
+    """The row of one configuration: tokens/s (real tokens), padding, FLOP/s and MFU against
+    the trainer's peak and a measured matmul peak, peak memory and the loss."""
+    import torch
+
+    from trainer.ds.engine import PRECISION_DTYPES
+    from trainer.flops import peak_flops
+    from trainer.step import batch_flops
+
+    cuda = args.device == "cuda"
+    seconds = timing.step_s
+    measured = [steps[i % len(steps)] for i in range(args.warmup, args.warmup + args.steps)]
     real = sum(b.n_src_tokens + b.n_tgt_tokens for step in measured for b in step)
     padded = sum(b.src.numel() + b.tgt_out.numel() for step in measured for b in step)
     tokens = real // args.steps  # real tokens of both sides, per step
@@ -191,7 +233,7 @@ def run(args: argparse.Namespace) -> dict:
         "params": sum(p.numel() for p in engine.module.parameters()),
         "tokens_per_step": tokens,
         "step_s": seconds,
-        "warmup_s": warmup_s,
+        "warmup_s": timing.warmup_s,
         "tokens_per_s": tokens / seconds,
         "tflops": flops / seconds / 1e12,
         "mfu": flops / seconds / peak,
@@ -199,7 +241,7 @@ def run(args: argparse.Namespace) -> dict:
         "peak_tflops": peak / 1e12,
         "measured_peak_tflops": measured_peak / 1e12,
         "peak_mem_gib": mem,
-        "loss": loss,
+        "loss": timing.loss,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
     }
 

@@ -41,112 +41,35 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import sentencepiece
 import torch
 
-from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows
-from data_pipeline.manifest import read_manifest, tokenizer_path
-from data_pipeline.shards import decode_sample, iter_shard
-from data_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from launch.config import load_config
-from model.config import ModelConfig
-from model.transformer import Transformer
-from trainer.ds.engine import resolve_model_config, seed_everything
-from trainer.schedule import build_scheduler, inverse_sqrt_lr
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import Row, add_output_arguments, row, write_rows
+from bench.peer_fairseq_recipe import (
+    FAIRSEQ_SPECIAL,
+    bare_loop,
+    binarize,
+    dump_batches,
+    export_for_fairseq,
+    fairseq_recipe,
+    load_job,
+    model_config,
+    paperscale_init,
+    previous_init,
+    run,
+    worker,
+)
+from trainer.run_dir import RunDir
 
 WORLD = 2  # paperscale ranks; fairseq: one process with as many threads
 LOG_EVERY = 20
-# fairseq's dictionary: <s> 0, <pad> 1, </s> 2, <unk> 3, then our pieces in our order
-FAIRSEQ_SPECIAL = {PAD_ID: 1, UNK_ID: 3, BOS_ID: 0, EOS_ID: 2}
 SMOKE_VOCAB = 96
 SHOWN = ("figure", "value", "unit")  # the columns; other keys are context
-
-
-def run(cmd: Sequence[str], log: Path, env: dict[str, str] | None = None) -> float:
-    """Run `cmd`, its output to `log`; the seconds it took from start to exit. A failure
-    raises with the log's tail."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.run(
-            list(cmd), stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-            cwd=ROOT,
-        )  # fmt: skip
-    if proc.returncode != 0:
-        tail = log.read_text()[-3000:]
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {proc.returncode}:\n{tail}")
-    return time.perf_counter() - started
-
-
-# --------------------------------------------------------------------------------------------
-# data for both
-
-
-def export_for_fairseq(data: Path, out: Path, max_len: int) -> None:
-    """train/valid as sentencepiece pieces, exactly the pairs and order our loader reads
-    (training pairs longer than `max_len` skipped as it skips them), and dict.txt."""
-    out.mkdir(parents=True, exist_ok=True)
-    sp = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer_path(data)))
-    m = read_manifest(data)
-    vocab = sp.get_piece_size()
-    with open(out / "dict.txt", "w") as f:
-        f.writelines(f"{sp.id_to_piece(i)} {vocab - i}\n" for i in range(4, vocab))
-    for split in ("train", "valid"):
-        with open(out / f"{split}.src", "w") as fs, open(out / f"{split}.tgt", "w") as ft:
-            for shard in m["splits"][split]["shards"]:
-                for raw in iter_shard(data / shard["name"]):
-                    src, tgt = decode_sample(raw, m["dtype"], vocab)
-                    if split == "train" and max(len(src), len(tgt) + 1) > max_len:
-                        continue
-                    fs.write(" ".join(sp.id_to_piece(int(i)) for i in src[:-1]) + "\n")
-                    ft.write(" ".join(sp.id_to_piece(int(i)) for i in tgt) + "\n")
-
-
-def fairseq_recipe(job: Any, model_cfg: ModelConfig) -> list[str]:
-    """fairseq-train arguments of the preset's model and recipe (fp32, no clipping unless set)."""
-    m, o = model_cfg, job.optim
-    peak = o.lr if o.lr is not None else m.d_model**-0.5 * o.warmup_steps**-0.5
-    return [
-        "--cpu", "--task", "translation", "-s", "src", "-t", "tgt",
-        "--arch", "transformer", "--share-all-embeddings",
-        "--encoder-layers", str(m.encoder_layers), "--decoder-layers", str(m.decoder_layers),
-        "--encoder-embed-dim", str(m.d_model), "--decoder-embed-dim", str(m.d_model),
-        "--encoder-ffn-embed-dim", str(m.d_ff), "--decoder-ffn-embed-dim", str(m.d_ff),
-        "--encoder-attention-heads", str(m.n_heads), "--decoder-attention-heads", str(m.n_heads),
-        "--dropout", str(m.dropout), "--attention-dropout", str(m.attention_dropout),
-        "--activation-dropout", str(m.activation_dropout),
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(m.label_smoothing),
-        "--optimizer", "adam", "--adam-betas", f"({o.beta1},{o.beta2})", "--adam-eps", str(o.eps),
-        "--weight-decay", str(o.weight_decay), "--clip-norm", str(o.clip_grad),
-        "--lr", str(peak), "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", str(o.warmup_steps), "--warmup-init-lr", str(o.warmup_init_lr),
-        "--max-tokens", str(job.data.max_tokens), "--seed", str(job.train.seed),
-    ]  # fmt: skip
-
-
-def binarize(fsq_python: str, text: Path, out: Path, log: Path) -> None:
-    shutil.rmtree(out, ignore_errors=True)  # fairseq-preprocess refuses an existing dictionary
-    run(
-        [
-            fsq_python, "-m", "fairseq_cli.preprocess", "--source-lang", "src",
-            "--target-lang", "tgt", "--trainpref", str(text / "train"),
-            "--validpref", str(text / "valid"), "--srcdict", str(text / "dict.txt"),
-            "--joined-dictionary", "--destdir", str(out), "--workers", "2",
-        ],
-        log,
-    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,7 +87,7 @@ def paperscale_figures(run_dir: Path, mid: int, last: int, job_s: float) -> dict
     """Losses at `mid` and `last`; target tokens/s by our meter (median of the log windows
     after the first two) and over the whole job: every real target token trained on (the log
     windows' tokens per step x their steps) over the seconds from launch to exit."""
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in RunDir(run_dir).metrics.read_text().splitlines()]
     by_step = {r["step"]: r for r in records if "ppl" in r}
     valid = [r for r in records if "valid_ppl" in r and r["step"] == last]
     rates = [r["tgt_tokens_per_s"] for r in records if "tgt_tokens_per_s" in r][2:]
@@ -208,7 +131,9 @@ def fairseq_figures(log: Path, mid: int, last: int, job_s: float) -> dict[str, f
 
 
 def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row]:
-    name = corpus.name
+    """Part 1 on one corpus: prepare it, train paperscale in every --precision and fairseq
+    (with --fairseq-python) for --steps steps each; the figures of each side and the
+    comparisons of paperscale's against fairseq's."""
     data = work / "data"
     vocab = ["--vocab-size", str(SMOKE_VOCAB)] if args.smoke else ["--config", args.config]
     run([sys.executable, "-m", "launch.cli", "prepare", str(corpus), str(data), *vocab,
@@ -219,36 +144,60 @@ def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row
     sides: dict[str, dict[str, float]] = {}
     for precision in args.precision:  # fp32 first: fairseq's only precision on a CPU
         side = "paperscale" if precision == "fp32" else f"paperscale {precision}"
-        ps_run = work / side.replace(" ", "-")
-        shutil.rmtree(ps_run, ignore_errors=True)  # a new run, not a resumed one
-        ps_s = run(
-            [
-                sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc",
-                str(WORLD), "--run-dir", str(ps_run), *overrides, f"train.max_steps={steps}",
-                f"train.precision={precision}", f"train.eval_every={mid}",
-                f"train.log_every={log_every}", "train.save_every=0", "train.bleu_samples=8",
-                "logging.wandb=disabled", "logging.tensorboard=false",
-            ],
-            work / f"{ps_run.name}.log", {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"},
-        )  # fmt: skip
-        sides[side] = paperscale_figures(ps_run, mid, steps, ps_s)
+        sides[side] = train_paperscale(args, work / side.replace(" ", "-"), overrides,
+                                       precision, log_every)  # fmt: skip
     if args.fairseq_python:
-        text, binary = work / "fairseq-text", work / "fairseq-bin"
-        export_for_fairseq(data, text, job.data.max_len)
-        binarize(args.fairseq_python, text, binary, work / "fairseq-preprocess.log")
-        model_cfg = model_config(job, data)
-        fs_s = run(
-            [
-                args.fairseq_python, "-m", "fairseq_cli.train", str(binary),
-                *fairseq_recipe(job, model_cfg), "--update-freq",
-                str(WORLD * job.train.grad_accum), "--max-update", str(steps),
-                "--validate-interval-updates", str(mid), "--validate-interval", "1000000",
-                "--no-save", "--save-dir", str(work / "fairseq-ckpt"), "--log-format", "json",
-                "--log-interval", str(log_every), "--num-workers", "1",
-            ],
-            work / "fairseq.log", {"OMP_NUM_THREADS": str(WORLD)},
-        )  # fmt: skip
-        sides["fairseq"] = fairseq_figures(work / "fairseq.log", mid, steps, fs_s)
+        sides["fairseq"] = train_fairseq(args, job, data, work, log_every)
+    return side_rows(sides, corpus.name, mid, steps)
+
+
+def train_paperscale(
+    args: argparse.Namespace, ps_run: Path, overrides: list[str], precision: str, log_every: int
+) -> dict[str, float]:
+    """`paperscale train` of the preset in `precision` for --steps steps into a new run dir
+    `ps_run`; its figures (paperscale_figures)."""
+    steps, mid = args.steps, args.steps // 2
+    shutil.rmtree(ps_run, ignore_errors=True)  # a new run, not a resumed one
+    ps_s = run(
+        [
+            sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc",
+            str(WORLD), "--run-dir", str(ps_run), *overrides, f"train.max_steps={steps}",
+            f"train.precision={precision}", f"train.eval_every={mid}",
+            f"train.log_every={log_every}", "train.save_every=0", "train.bleu_samples=8",
+            "logging.wandb=disabled", "logging.tensorboard=false",
+        ],
+        ps_run.parent / f"{ps_run.name}.log", {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"},
+    )  # fmt: skip
+    return paperscale_figures(ps_run, mid, steps, ps_s)
+
+
+def train_fairseq(
+    args: argparse.Namespace, job: Any, data: Path, work: Path, log_every: int
+) -> dict[str, float]:
+    """`fairseq-train` of the same model and recipe on the same pairs (exported and binarized
+    under `work`) for --steps updates; its figures (fairseq_figures)."""
+    steps, mid = args.steps, args.steps // 2
+    text, binary = work / "fairseq-text", work / "fairseq-bin"
+    export_for_fairseq(data, text, job.data.max_len)
+    binarize(args.fairseq_python, text, binary, work / "fairseq-preprocess.log")
+    model_cfg = model_config(job, data)
+    fs_s = run(
+        [
+            args.fairseq_python, "-m", "fairseq_cli.train", str(binary),
+            *fairseq_recipe(job, model_cfg), "--update-freq",
+            str(WORLD * job.train.grad_accum), "--max-update", str(steps),
+            "--validate-interval-updates", str(mid), "--validate-interval", "1000000",
+            "--no-save", "--save-dir", str(work / "fairseq-ckpt"), "--log-format", "json",
+            "--log-interval", str(log_every), "--num-workers", "1",
+        ],
+        work / "fairseq.log", {"OMP_NUM_THREADS": str(WORLD)},
+    )  # fmt: skip
+    return fairseq_figures(work / "fairseq.log", mid, steps, fs_s)
+
+
+def side_rows(sides: dict[str, dict[str, float]], name: str, mid: int, steps: int) -> list[Row]:
+    """The rows of part 1 on corpus `name`: every side's figures, then each paperscale side's
+    validation nll and speeds against fairseq's (when fairseq ran)."""
     rows = []
     units = {"train_nll_mid": "nats/token", "train_nll_last": "nats/token",
              "valid_nll": "nats/token", "tgt_tokens_per_s": "tokens/s",
@@ -274,102 +223,6 @@ def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row
 
 # --------------------------------------------------------------------------------------------
 # 2. lockstep and 3. initialisation
-
-
-def load_job(args: argparse.Namespace, data: Path) -> tuple[Any, list[str]]:
-    overrides = [f"data.dir={data}", *(SMOKE_MODEL if args.smoke else [])]
-    return load_config(ROOT / args.config, overrides), overrides
-
-
-def model_config(job: Any, data: Path, **changes: Any) -> ModelConfig:
-    cfg = resolve_model_config(job.model, Tokenizer(tokenizer_path(data)))
-    return ModelConfig(**{**cfg.__dict__, **changes})
-
-
-def dump_batches(job: Any, data: Path, micro: int) -> list[dict[str, torch.Tensor]]:
-    """The first `micro` micro-batches of a one-rank stream with the preset's data settings."""
-    from data_pipeline.loader import TokenBatchStream
-
-    cfg = job.data.__class__(**{**job.data.__dict__, "num_workers": 0})
-    stream = TokenBatchStream(data, "train", cfg)
-    it = iter(stream)
-    out = []
-    for _ in range(micro):
-        b = next(it)
-        out.append({"src": b.src, "tgt_in": b.tgt_in, "tgt_out": b.tgt_out})
-    stream.close()
-    return out
-
-
-def paperscale_init(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    seed_everything(seed)
-    return Transformer(cfg).state_dict()
-
-
-def previous_init(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Xavier-uniform on every (out, in) projection, zero biases: paperscale's init until the
-    fairseq comparison found Q/K/V sqrt(2) and the second feed-forward layer 2.2x too large."""
-    seed_everything(seed)
-    model = Transformer(cfg)
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            torch.nn.init.xavier_uniform_(module.weight)
-            torch.nn.init.zeros_(module.bias)
-    return model.state_dict()
-
-
-def bare_loop(
-    cfg: ModelConfig, job: Any, init: dict[str, torch.Tensor],
-    batches: list[dict[str, torch.Tensor]], steps: int, accum: int, fairseq_lr: bool,
-) -> list[tuple[float, float, float]]:  # fmt: skip
-    """paperscale's recipe without the trainer: (loss, nll, seconds) per step, per target
-    token."""
-    torch.manual_seed(job.train.seed)  # the dropout stream, the same for every initial state
-    model = Transformer(cfg)
-    model.load_state_dict(init)
-    model.train()
-    o = job.optim
-    opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(o.beta1, o.beta2), eps=o.eps)
-    if fairseq_lr:  # update k uses lr(k - 1); lr(0) = warmup_init_lr
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt,
-            lambda k: o.warmup_init_lr if k == 0 else inverse_sqrt_lr(
-                k, d_model=cfg.d_model, warmup_steps=o.warmup_steps, lr=o.lr,
-                warmup_init_lr=o.warmup_init_lr,
-            ),
-        )  # fmt: skip
-    else:
-        sched = build_scheduler(
-            opt, d_model=cfg.d_model, warmup_steps=o.warmup_steps, lr=o.lr,
-            warmup_init_lr=o.warmup_init_lr,
-        )  # fmt: skip
-    out = []
-    for step in range(steps):
-        started = time.perf_counter()
-        micro = batches[accum * step : accum * (step + 1)]
-        tokens = sum(int(b["tgt_out"].ne(PAD_ID).sum()) for b in micro)
-        loss_sum = nll_sum = 0.0
-        for b in micro:
-            loss, nll, _ = model(b["src"], b["tgt_in"], b["tgt_out"], cfg.label_smoothing)
-            (loss / tokens).backward()
-            loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        out.append((loss_sum / tokens, nll_sum / tokens, time.perf_counter() - started))
-    return out
-
-
-def worker(args: argparse.Namespace, command: str, spec: dict[str, Any], *rest: str) -> str:
-    spec_path = Path(args.work) / "fairseq-spec.json"
-    spec_path.write_text(json.dumps(spec))
-    cmd = [args.fairseq_python, str(ROOT / "bench" / "fairseq_worker.py"), command,
-           str(spec_path), *rest]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
-                          "OMP_NUM_THREADS": "1"})  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"fairseq_worker {command} failed:\n{proc.stderr[-3000:]}")
-    return proc.stdout
 
 
 def controlled(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row]:
@@ -429,6 +282,7 @@ def controlled(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row]:
 
 
 def smoke_corpus(work: Path) -> Path:
+    """The synthetic corpus of --smoke under `work` (written once)."""
     corpus = work / "synthetic"
     if not (corpus / "train.en").is_file():
         run([sys.executable, "-m", "launch.cli", "corpus", "synthetic", str(corpus), "--train",
@@ -437,15 +291,15 @@ def smoke_corpus(work: Path) -> Path:
 
 
 def print_table(rows: list[Row]) -> None:
+    """Every row on one line: figure, value, unit, then its context."""
     print("\n== bench/peer_fairseq.py ==")
     for r in rows:
-        context = ", ".join(
-            f"{k}={v}" for k, v in r.items() if k not in ("figure", "value", "unit")
-        )
+        context = ", ".join(f"{k}={v}" for k, v in r.items() if k not in SHOWN)
         print(f"  {r['figure']:30s} {r['value']:12.6g} {r['unit']:12s} {context}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the parts the command line asks for on every --corpus; print and write the rows."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--fairseq-python", help="python of a venv with fairseq (make fairseq-venv)")
     p.add_argument("--corpus", action="append", type=Path, help="raw corpus dir (repeatable)")

@@ -35,6 +35,7 @@ from trainer.metrics import (
     Sink,
     memory_metrics,
 )
+from trainer.run_dir import RunDir
 from trainer.sinks import (
     JsonlSink,
     TensorBoardSink,
@@ -63,8 +64,8 @@ def random_batch(vocab: int, rows: int, length: int, gen: torch.Generator) -> Ba
 def open_all(run_dir: Path, run_id: str) -> list[Sink]:
     """jsonl + TensorBoard + wandb offline, as the trainer opens them."""
     return [
-        JsonlSink(run_dir / "metrics.jsonl"),
-        TensorBoardSink(run_dir / "tb"),
+        JsonlSink(RunDir(run_dir).metrics),
+        TensorBoardSink(RunDir(run_dir).tensorboard),
         WandbSink(run_dir, "offline", "bench", run_dir.name, run_id, {"bench": "sinks"}),
     ]
 
@@ -94,7 +95,8 @@ def timed_block(
     return (time.perf_counter() - start) / len(batches)
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """The command line, and the config overrides of the model it asks for."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--repeats", type=int, default=4, help="ABBA rounds (each: 2 blocks per arm)")
     p.add_argument("--steps", type=int, default=15, help="steps per timed block")
@@ -106,18 +108,16 @@ def main() -> None:
     if args.smoke:
         args.repeats, args.steps, args.rows, args.length = 1, 2, 8, 16
         overrides = [*SMOKE_MODEL, "model.vocab_size=64", "train.grad_accum=1"]
+    return args, overrides
 
-    job = load_config(ROOT / "configs/tiny.yaml", overrides)
-    env = init_distributed("auto")
-    job = settle_precision(job, env, job.model)
-    precision = job.train.precision
-    engine = build_engine(job, job.model, env)
-    gen = torch.Generator().manual_seed(0)
-    vocab = int(job.model.vocab_size or 8000)
-    batches = [random_batch(vocab, args.rows, args.length, gen) for _ in range(args.steps)]
-    base = Path(tempfile.mkdtemp(prefix="bench-sinks-"))
-    timed_block(engine, env, batches[:3], MetricsLogger([]), 0, precision)  # warm-up
 
+def alternate(
+    args: argparse.Namespace, engine: Any, env: Any, batches: list[Batch], base: Path,
+    precision: str,
+) -> tuple[dict[str, list[float]], list[float]]:  # fmt: skip
+    """--repeats ABBA rounds of timed blocks, each with a new run dir under `base` and its own
+    sinks: jsonl alone ("off") or all of them ("on"). Seconds per step of every block by arm,
+    and the seconds of opening and closing the "on" sinks, per block."""
     times: dict[str, list[float]] = {"off": [], "on": []}
     open_close: list[float] = []
     step = 1
@@ -129,7 +129,7 @@ def main() -> None:
             sinks = (
                 open_all(run_dir, f"bench{r}{step}")
                 if arm == "on"
-                else [JsonlSink(run_dir / "metrics.jsonl")]
+                else [JsonlSink(RunDir(run_dir).metrics)]
             )
             overhead = time.perf_counter() - t0
             logger = MetricsLogger(sinks)
@@ -139,8 +139,14 @@ def main() -> None:
             if arm == "on":
                 open_close.append(overhead + time.perf_counter() - t0)
             step += len(batches)
+    return times, open_close
 
-    shutil.rmtree(base, ignore_errors=True)
+
+def report(
+    args: argparse.Namespace, env: Any, precision: str, times: dict[str, list[float]],
+    open_close: list[float],
+) -> None:  # fmt: skip
+    """Print the step times of both arms and their ratios; write the rows."""
     ratios = [on / off for on, off in zip(times["on"], times["off"], strict=True)]
     print(
         f"device {env.device}, {precision}, {args.rows}x{args.length} tokens per side, "
@@ -174,6 +180,24 @@ def main() -> None:
             row("open + close of tensorboard + wandb", statistics.median(open_close), "s"),
         ],
     )
+
+
+def main() -> None:
+    """Time the training step with all the sinks and with jsonl alone, side by side."""
+    args, overrides = parse_args()
+    job = load_config(ROOT / "configs/tiny.yaml", overrides)
+    env = init_distributed("auto")
+    job = settle_precision(job, env, job.model)
+    precision = job.train.precision
+    engine = build_engine(job, job.model, env)
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(job.model.vocab_size or 8000)
+    batches = [random_batch(vocab, args.rows, args.length, gen) for _ in range(args.steps)]
+    base = Path(tempfile.mkdtemp(prefix="bench-sinks-"))
+    timed_block(engine, env, batches[:3], MetricsLogger([]), 0, precision)  # warm-up
+    times, open_close = alternate(args, engine, env, batches, base, precision)
+    shutil.rmtree(base, ignore_errors=True)
+    report(args, env, precision, times, open_close)
 
 
 if __name__ == "__main__":

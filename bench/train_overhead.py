@@ -50,12 +50,14 @@ from bench.common import (
     write_rows,
 )
 from data_pipeline.loader import Batch, TokenBatchStream
+from data_pipeline.manifest import tokenizer_path
 from data_pipeline.tokenizer import Tokenizer
 from launch.config import load_config
 from model.transformer import Transformer
 from trainer.dist import init_distributed
 from trainer.ds.engine import build_engine, resolve_model_config, seed_everything
 from trainer.metrics import MetricsLogger, Throughput
+from trainer.run_dir import RunDir
 from trainer.sinks import JsonlSink
 from trainer.step import batch_flops, skipped_counts, train_step
 
@@ -87,7 +89,7 @@ class PaperscaleSide:
         )
         self.batches = iter(self.stream)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.logger = MetricsLogger([JsonlSink(run_dir / "metrics.jsonl")])
+        self.logger = MetricsLogger([JsonlSink(RunDir(run_dir).metrics)])
         self.window = torch.zeros(4, dtype=torch.float64, device=env.device)
         self.window_flops = 0.0
         self.timer = Throughput()
@@ -158,7 +160,8 @@ def tokens_of(micros: list[list[Batch]]) -> int:
     return sum(b.n_src_tokens + b.n_tgt_tokens for micro in micros for b in micro)
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, int]:
+    """The command line, and the training pairs of the synthetic corpus it asks for."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--data", help="a prepared data dir (default: synthetic under --work)")
@@ -174,18 +177,16 @@ def main() -> None:
     if args.smoke:
         pairs, args.windows, args.steps, args.warmup = 2000, 1, 2, 1
         args.overrides = [*SMOKE_MODEL, "train.log_every=1", *args.overrides]
-    work = Path(args.work)
-    data_dir = Path(args.data) if args.data else prepare_synthetic(work, pairs)
-    job = load_config(args.config, [f"data.dir={data_dir}", *args.overrides])
-    env = init_distributed("cpu")
-    model_cfg = resolve_model_config(job.model, Tokenizer(data_dir / "spm.model"))
-    job = settle_precision(job, env, model_cfg)
-    ours = PaperscaleSide(job, model_cfg, env, data_dir, work / "run")
-    bare = BareSide(model_cfg, model_cfg.label_smoothing, job.train.precision)
-    for _ in range(args.warmup):
-        bare.step(ours.step())
+    return args, pairs
 
-    profiler = cProfile.Profile() if args.profile else None
+
+def time_windows(
+    args: argparse.Namespace, ours: PaperscaleSide, bare: BareSide,
+    profiler: cProfile.Profile | None,
+) -> list[tuple[int, int, float, float]]:  # fmt: skip
+    """--windows windows of --steps steps, paperscale's and then the bare loop's on the same
+    micro-batches (the profiler, if any, on paperscale's); (window, tokens, paperscale seconds,
+    bare seconds) of each, printed as they end."""
     rows = []
     for window in range(args.windows):
         if profiler:
@@ -206,6 +207,13 @@ def main() -> None:
             f"bare {tokens / bare_s:8.0f} tok/s  ratio {bare_s / ours_s:.3f}",
             flush=True,
         )
+    return rows
+
+
+def report(
+    args: argparse.Namespace, job: Any, bare: BareSide, rows: list[tuple[int, int, float, float]]
+) -> None:
+    """Print both sides' tokens/s over all windows and their ratios; write the rows."""
     total = sum(r[1] for r in rows)
     ours_total, bare_total = sum(r[2] for r in rows), sum(r[3] for r in rows)
     print(
@@ -235,6 +243,25 @@ def main() -> None:
             row("median per-window ratio", ratios[len(ratios) // 2], "x", **case),
         ],
     )
+
+
+def main() -> None:
+    """Build both sides, warm them up, time the windows and report."""
+    args, pairs = parse_args()
+    work = Path(args.work)
+    data_dir = Path(args.data) if args.data else prepare_synthetic(work, pairs)
+    job = load_config(args.config, [f"data.dir={data_dir}", *args.overrides])
+    env = init_distributed("cpu")
+    model_cfg = resolve_model_config(job.model, Tokenizer(tokenizer_path(data_dir)))
+    job = settle_precision(job, env, model_cfg)
+    ours = PaperscaleSide(job, model_cfg, env, data_dir, work / "run")
+    bare = BareSide(model_cfg, model_cfg.label_smoothing, job.train.precision)
+    for _ in range(args.warmup):
+        bare.step(ours.step())
+
+    profiler = cProfile.Profile() if args.profile else None
+    rows = time_windows(args, ours, bare, profiler)
+    report(args, job, bare, rows)
     if profiler:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)

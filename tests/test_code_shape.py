@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("model", "data_pipeline", "trainer", "serve", "launch")
+PACKAGES = ("model", "data_pipeline", "trainer", "serve", "launch", "bench")
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 LAYOUT = ROOT / "trainer" / "run_dir.py"
 

@@ -8,16 +8,17 @@ from pathlib import Path
 import pytest
 
 from bench import data as bench
+from bench.data_padding import PADDING_ROWS, padding_stats, read_lengths
 from tests.data_pipeline.conftest import MAX_LEN
 
 
 def test_padding_split_and_v2_not_worse(prepared: Path) -> None:
-    lens = bench.read_lengths(prepared, MAX_LEN)
+    lens = read_lengths(prepared, MAX_LEN)
     for pm, bw in ((8, 8), (1, 1)):
         kw = {"window": 500, "max_tokens": 512, "pad_multiple": pm, "bucket_width": bw}
-        v1 = bench.padding_stats(lens, version=1, **kw)
-        v2 = bench.padding_stats(lens, version=2, **kw)
-        v3 = bench.padding_stats(lens, version=3, batch_multiple=8, **kw)
+        v1 = padding_stats(lens, version=1, **kw)
+        v2 = padding_stats(lens, version=2, **kw)
+        v3 = padding_stats(lens, version=3, batch_multiple=8, **kw)
         for r in (v1, v2, v3):
             assert r["padding"] == pytest.approx(r["rounding"] + r["mismatch"])
             assert 0 < r["fill"] <= 1 and r["batches"] > 10
@@ -48,6 +49,6 @@ def test_bench_runs_and_prints_every_table(
     assert [(r[0], r[1]) for r in loader] == [("tar", "0"), ("tar", "1"), ("tar.gz", "0"),
                                              ("tar.gz", "1")]  # fmt: skip
     assert all(float(r[2]) > 0 for r in loader)  # tokens/s
-    assert len(_table(out, "padding")) == len(bench.PADDING_ROWS)
+    assert len(_table(out, "padding")) == len(PADDING_ROWS)
     (prep,) = _table(out, "prepare")
     assert prep[0] == "4000" and float(prep[4]) > 0  # pairs/s
