@@ -1,5 +1,6 @@
 """What the benches share: their key figures as JSON rows (`--json PATH`), the smoke-size
-model, and the precision a training run would pick on this machine.
+model, the precision a training run would pick on this machine, and running the project's
+commands (a `paperscale train` run read from its metrics).
 
 A row is one figure: ``{"figure": name, "value": number, "unit": str, ...context}``, where
 the optional context keys (a ZeRO stage, a search, a world size) say which case it measured.
@@ -14,7 +15,12 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +92,78 @@ def settle_precision(job: Any, env: Any, model_cfg: Any) -> Any:
     return dataclasses.replace(
         job, train=dataclasses.replace(job.train, precision=choice.precision)
     )
+
+
+# --------------------------------------------------------------------------------------------
+# running the project's own commands
+
+ROOT = Path(__file__).resolve().parents[1]
+# CPU ranks of a multi-process bench: one thread each, DeepSpeed's CPU accelerator
+CPU_ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_SILENT": "true"}
+# a training run that writes only metrics.jsonl (and its summary) besides checkpoints
+QUIET_SINKS = ("logging.wandb=disabled", "logging.tensorboard=false", "logging.report=false")
+
+
+def run_command(
+    cmd: Sequence[str],
+    log: Path | None = None,
+    env: Mapping[str, str | None] | None = None,
+    timeout: float = 3600.0,
+    cwd: Path = ROOT,
+) -> float:
+    """Run `cmd` in `cwd` (the checkout first on PYTHONPATH), with this process's environment
+    changed by `env` (None removes a variable); its output to `log`, else dropped. Returns its
+    wall seconds; a non-zero exit or the timeout ends the bench, naming the command, with the
+    tail of its output."""
+    full_env = {**os.environ, "PYTHONPATH": str(cwd)}
+    for name, value in (env or {}).items():
+        if value is None:
+            full_env.pop(name, None)
+        else:
+            full_env[name] = value
+    out = log or Path(tempfile.mkstemp(prefix="bench-run-", suffix=".log")[1])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(out, "w") as f:
+        try:
+            code = subprocess.run(
+                list(cmd), cwd=cwd, env=full_env, stdout=f, stderr=subprocess.STDOUT,
+                timeout=timeout,
+            ).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            code = None
+    seconds = time.perf_counter() - started
+    tail = out.read_text(errors="replace")[-3000:]
+    if log is None:
+        out.unlink()
+    shown = " ".join(str(c) for c in cmd[2:6])
+    if code is None:
+        raise SystemExit(f"{tail}\n{shown} ...: no result within {timeout:.0f} s")
+    if code != 0:
+        raise SystemExit(f"{tail}\n{shown} ... exited {code}")
+    return seconds
+
+
+def train_run(
+    config: str | Path,
+    run_dir: Path,
+    overrides: Sequence[str],
+    nproc: int = 2,
+    env: Mapping[str, str | None] | None = None,
+    timeout: float = 3600.0,
+    log: Path | None = None,
+    cwd: Path = ROOT,
+) -> tuple[list[dict[str, Any]], float]:
+    """A new `paperscale train` run of `config` on `nproc` local ranks (`run_dir` removed
+    first, so it never resumes an older run), writing only metrics besides checkpoints, with
+    `overrides` last; its metric records and wall seconds (run_command's failures)."""
+    from trainer.metrics import read_metrics
+    from trainer.run_dir import RunDir
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "launch.cli", "train", "--config", str(config),
+        "--nproc", str(nproc), "--run-dir", str(run_dir), *QUIET_SINKS, *overrides,
+    ]  # fmt: skip
+    seconds = run_command(cmd, log, {**CPU_ENV, **(env or {})}, timeout, cwd)
+    return read_metrics(RunDir(run_dir).metrics), seconds

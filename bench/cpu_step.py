@@ -23,21 +23,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows
+from bench.common import ROOT, SMOKE_MODEL, Row, add_output_arguments, row, train_run, write_rows
 from trainer.run_dir import RunDir
 from trainer.step_time import GROUPS
-
-ROOT = Path(__file__).resolve().parents[1]
 
 LOG_EVERY = 10
 
@@ -64,36 +59,21 @@ def train(
 ) -> dict[str, Any]:  # fmt: skip
     """One run of `paperscale train` from the checkout at `root`; its log windows and profile.
     A new run each time (a run dir left from before would resume)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", "PYTHONPATH": str(root)}
-    for name, value in env_changes.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
     # 4 steps recorded after 1 warm-up, ending a step before the last (whose interval would
     # hold the final evaluation and export)
     wait = max(steps - 6, 0)
-    args = [
-        sys.executable, "-m", "launch.cli", "train", "--config", str(root / config),
-        "--nproc", "2", "--run-dir", str(run_dir), f"data.dir={data}",
-        f"train.max_steps={steps}", f"train.log_every={LOG_EVERY if not smoke else 2}",
-        "train.eval_every=0", "train.save_every=0", "train.bleu_samples=4",
-        "logging.wandb=disabled", "logging.tensorboard=false", "logging.report=false",
-        *(SMOKE_MODEL if smoke else []), *extra,
+    over = [
+        f"data.dir={data}", f"train.max_steps={steps}",
+        f"train.log_every={LOG_EVERY if not smoke else 2}", "train.eval_every=0",
+        "train.save_every=0", "train.bleu_samples=4", *(SMOKE_MODEL if smoke else []), *extra,
     ]  # fmt: skip
-    profiled = [
-        "profile.enabled=true", f"profile.wait_steps={wait}", "profile.warmup_steps=1",
-        f"profile.steps={max(steps - wait - 2, 1)}",
-    ]  # fmt: skip
-    has_profiler = (root / "trainer" / "profiler.py").is_file()  # not in older revisions
-    proc = subprocess.run(
-        [*args, *(profiled if has_profiler else [])],
-        cwd=root, env=env, capture_output=True, text=True, timeout=3600,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"train in {root} failed: {proc.stderr[-2000:]}")
-    records = [json.loads(x) for x in RunDir(run_dir).metrics.read_text().splitlines()]
+    if (root / "trainer" / "profiler.py").is_file():  # not in older revisions
+        over += [
+            "profile.enabled=true", f"profile.wait_steps={wait}", "profile.warmup_steps=1",
+            f"profile.steps={max(steps - wait - 2, 1)}",
+        ]  # fmt: skip
+    log = run_dir.with_suffix(".log")
+    records, _ = train_run(root / config, run_dir, over, env=env_changes, log=log, cwd=root)
     windows = [r for r in records if "tgt_tokens_per_s" in r][1:]
     tables = sorted(run_dir.glob("profile/*/rank_00000.groups.json"))
     settled = OmegaConf.load(RunDir(run_dir).config)

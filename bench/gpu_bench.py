@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def matmul_peak(device: str, dtype_name: str = "bf16", size: int = 8192, reps: int = 10) -> float:
     """Measured dense matmul FLOP/s on this GPU (the planner's --peak-tflops figure)."""

@@ -28,9 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.common import add_output_arguments, row, write_rows
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import ROOT, add_output_arguments, row, write_rows
 
 VARIANTS = ("plain", "chunked")
 # glibc's malloc keeps a freed block below its (dynamic, up to 32 MiB) mmap threshold in the

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -49,7 +48,7 @@ from typing import Any
 
 import torch
 
-from bench.common import Row, add_output_arguments, row, write_rows
+from bench.common import Row, add_output_arguments, row, run_command, train_run, write_rows
 from bench.peer_fairseq_recipe import (
     FAIRSEQ_SPECIAL,
     bare_loop,
@@ -61,7 +60,6 @@ from bench.peer_fairseq_recipe import (
     model_config,
     paperscale_init,
     previous_init,
-    run,
     worker,
 )
 from trainer.run_dir import RunDir
@@ -136,8 +134,9 @@ def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row
     comparisons of paperscale's against fairseq's."""
     data = work / "data"
     vocab = ["--vocab-size", str(SMOKE_VOCAB)] if args.smoke else ["--config", args.config]
-    run([sys.executable, "-m", "launch.cli", "prepare", str(corpus), str(data), *vocab,
-         "--workers", "2"], work / "prepare.log")  # fmt: skip
+    cmd = [sys.executable, "-m", "launch.cli", "prepare", str(corpus), str(data), *vocab,
+           "--workers", "2"]  # fmt: skip
+    run_command(cmd, work / "prepare.log")
     job, overrides = load_job(args, data)
     steps, mid = args.steps, args.steps // 2
     log_every = math.gcd(LOG_EVERY, mid)
@@ -157,17 +156,13 @@ def train_paperscale(
     """`paperscale train` of the preset in `precision` for --steps steps into a new run dir
     `ps_run`; its figures (paperscale_figures)."""
     steps, mid = args.steps, args.steps // 2
-    shutil.rmtree(ps_run, ignore_errors=True)  # a new run, not a resumed one
-    ps_s = run(
-        [
-            sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc",
-            str(WORLD), "--run-dir", str(ps_run), *overrides, f"train.max_steps={steps}",
-            f"train.precision={precision}", f"train.eval_every={mid}",
-            f"train.log_every={log_every}", "train.save_every=0", "train.bleu_samples=8",
-            "logging.wandb=disabled", "logging.tensorboard=false",
-        ],
-        ps_run.parent / f"{ps_run.name}.log", {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"},
-    )  # fmt: skip
+    over = [
+        *overrides, f"train.max_steps={steps}", f"train.precision={precision}",
+        f"train.eval_every={mid}", f"train.log_every={log_every}", "train.save_every=0",
+        "train.bleu_samples=8",
+    ]  # fmt: skip
+    log = ps_run.parent / f"{ps_run.name}.log"
+    _, ps_s = train_run(args.config, ps_run, over, nproc=WORLD, log=log)
     return paperscale_figures(ps_run, mid, steps, ps_s)
 
 
@@ -181,7 +176,7 @@ def train_fairseq(
     export_for_fairseq(data, text, job.data.max_len)
     binarize(args.fairseq_python, text, binary, work / "fairseq-preprocess.log")
     model_cfg = model_config(job, data)
-    fs_s = run(
+    fs_s = run_command(
         [
             args.fairseq_python, "-m", "fairseq_cli.train", str(binary),
             *fairseq_recipe(job, model_cfg), "--update-freq",
@@ -285,8 +280,9 @@ def smoke_corpus(work: Path) -> Path:
     """The synthetic corpus of --smoke under `work` (written once)."""
     corpus = work / "synthetic"
     if not (corpus / "train.en").is_file():
-        run([sys.executable, "-m", "launch.cli", "corpus", "synthetic", str(corpus), "--train",
-             "2000", "--valid", "64", "--test", "64"], work / "corpus.log")  # fmt: skip
+        cmd = [sys.executable, "-m", "launch.cli", "corpus", "synthetic", str(corpus),
+               "--train", "2000", "--valid", "64", "--test", "64"]  # fmt: skip
+        run_command(cmd, work / "corpus.log")
     return corpus
 
 

@@ -1,7 +1,7 @@
-"""The two sides of bench/peer_fairseq.py: commands run with their output in a log, our
-prepared data and recipe in fairseq's terms (sentencepiece pieces and dict.txt for
-fairseq-preprocess, fairseq-train's arguments, bench/fairseq_worker.py under fairseq's python),
-and paperscale's recipe as a bare loop over given micro-batches from given initial weights.
+"""The two sides of bench/peer_fairseq.py: our prepared data and recipe in fairseq's terms
+(sentencepiece pieces and dict.txt for fairseq-preprocess, fairseq-train's arguments,
+bench/fairseq_worker.py under fairseq's python), and paperscale's recipe as a bare loop over
+given micro-batches from given initial weights.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import sentencepiece
 import torch
 
-from bench.common import SMOKE_MODEL
+from bench.common import ROOT, SMOKE_MODEL, run_command
 from data_pipeline.manifest import read_manifest, tokenizer_path
 from data_pipeline.shards import decode_sample, iter_shard
 from data_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
@@ -29,26 +28,8 @@ from model.transformer import Transformer
 from trainer.ds.engine import resolve_model_config, seed_everything
 from trainer.schedule import build_scheduler, inverse_sqrt_lr
 
-ROOT = Path(__file__).resolve().parents[1]
-
 # fairseq's dictionary: <s> 0, <pad> 1, </s> 2, <unk> 3, then our pieces in our order
 FAIRSEQ_SPECIAL = {PAD_ID: 1, UNK_ID: 3, BOS_ID: 0, EOS_ID: 2}
-
-
-def run(cmd: Sequence[str], log: Path, env: dict[str, str] | None = None) -> float:
-    """Run `cmd`, its output to `log`; the seconds it took from start to exit. A failure
-    raises with the log's tail."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.run(
-            list(cmd), stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-            cwd=ROOT,
-        )  # fmt: skip
-    if proc.returncode != 0:
-        tail = log.read_text()[-3000:]
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {proc.returncode}:\n{tail}")
-    return time.perf_counter() - started
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,7 +82,7 @@ def binarize(fsq_python: str, text: Path, out: Path, log: Path) -> None:
     """fairseq-preprocess of the pieces in `text` into `out`, with our dict.txt as the joined
     dictionary."""
     shutil.rmtree(out, ignore_errors=True)  # fairseq-preprocess refuses an existing dictionary
-    run(
+    run_command(
         [
             fsq_python, "-m", "fairseq_cli.preprocess", "--source-lang", "src",
             "--target-lang", "tgt", "--trainpref", str(text / "train"),

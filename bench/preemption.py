@@ -29,13 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
+from bench.common import ROOT, SMOKE_MODEL, add_output_arguments, row, write_rows
 from bench.train_overhead import prepare_synthetic
 from data_pipeline.manifest import read_manifest
 from trainer.metrics import read_metrics
 from trainer.run_dir import RunDir, tag_for
-
-ROOT = Path(__file__).resolve().parents[1]
 
 START_TIMEOUT_S = 900.0  # start-up plus --after steps of the base model on 2 CPU cores
 EXIT_TIMEOUT_S = 120.0  # past Slurm's 30 s the job would have been killed; this only bounds a hang

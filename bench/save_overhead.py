@@ -21,15 +21,11 @@ Without --data a synthetic corpus is written and prepared under --work (bench/tr
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
+from bench.common import SMOKE_MODEL, add_output_arguments, row, train_run, write_rows
 from bench.train_overhead import prepare_synthetic
-from trainer.metrics import read_metrics
 from trainer.run_dir import RunDir
 
 VARIANTS = {
@@ -42,16 +38,12 @@ VARIANTS = {
 def run_once(args: argparse.Namespace, data: Path, variant: str, k: int) -> list[float]:
     """Each step's wall seconds, from the first to the last logged step of one run."""
     run_dir = Path(args.work) / f"run-{k}-{variant.replace(' ', '-')}"
-    shutil.rmtree(run_dir, ignore_errors=True)
     over = [
         f"data.dir={data}", f"train.max_steps={args.steps}", f"train.save_every={args.every}",
-        "train.log_every=1", "train.eval_every=0", "train.keep_last=2", "logging.wandb=disabled",
-        "logging.tensorboard=false", "logging.report=false", *args.overrides, *VARIANTS[variant],
+        "train.log_every=1", "train.eval_every=0", "train.keep_last=2", *args.overrides,
+        *VARIANTS[variant],
     ]  # fmt: skip
-    cmd = [sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc", "2",
-           "--run-dir", str(run_dir), *over]  # fmt: skip
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    records = read_metrics(RunDir(run_dir).metrics)
+    records, _ = train_run(args.config, run_dir, over, log=run_dir.with_suffix(".log"))
     times = {r["step"]: r["time"] for r in records if "loss" in r}
     first, last = min(times), max(times)
     assert last == args.steps, f"{variant}: the run ended at step {last}"

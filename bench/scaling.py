@@ -19,46 +19,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
+from bench.common import SMOKE_MODEL, add_output_arguments, row, train_run, write_rows
 from bench.train_overhead import prepare_synthetic
-from trainer.metrics import read_metrics
-from trainer.run_dir import RunDir
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_tokens_per_s(
     nproc: int, run_dir: Path, args: argparse.Namespace, data: Path, timeout: float
 ) -> float:
     """One fresh training run; mean tokens/s of its log steps after the first."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [
-        sys.executable, "-m", "launch.cli", "train", "--config", args.config,
-        "--nproc", str(nproc), "--run-dir", str(run_dir), f"data.dir={data}",
-        f"train.max_steps={args.steps}", f"train.log_every={args.log_every}",
+    over = [
+        f"data.dir={data}", f"train.max_steps={args.steps}", f"train.log_every={args.log_every}",
         "train.eval_every=0", "train.save_every=0", "train.bleu_every=0",
-        "train.eval_max_batches=1", "train.bleu_samples=8", "logging.wandb=disabled",
-        *args.overrides,
+        "train.eval_max_batches=1", "train.bleu_samples=8", *args.overrides,
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise SystemExit(f"{nproc} ranks: no result within {timeout} s") from None
-    if proc.returncode != 0:
-        sys.stderr.write(log.decode(errors="replace")[-3000:])
-        raise SystemExit(f"{nproc} ranks: paperscale train exited {proc.returncode}")
-    rows = read_metrics(RunDir(run_dir).metrics)
+    log = run_dir.with_suffix(".log")
+    rows, _ = train_run(args.config, run_dir, over, nproc=nproc, timeout=timeout, log=log)
     speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r][1:]
     if not speeds:
         raise SystemExit(f"{nproc} ranks: fewer than two logged steps; raise --steps")

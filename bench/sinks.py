@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
+from bench.common import ROOT, SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
 from data_pipeline.batching import Batch
 from launch.config import load_config
 from model.config import BOS_ID, EOS_ID
@@ -42,8 +42,6 @@ from trainer.sinks import (
     WandbSink,
 )
 from trainer.step import optimizer_metrics, train_step
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def random_batch(vocab: int, rows: int, length: int, gen: torch.Generator) -> Batch:

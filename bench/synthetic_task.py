@@ -32,11 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import SMOKE_MODEL, Row, add_output_arguments, row, write_rows
+from bench.common import ROOT, SMOKE_MODEL, Row, add_output_arguments, row, write_rows
 from trainer.metrics import read_metrics
 from trainer.run_dir import RunDir
-
-ROOT = Path(__file__).resolve().parents[1]
 
 SMOKE_TRAIN = [
     *SMOKE_MODEL,

@@ -20,16 +20,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import SMOKE_MODEL, add_output_arguments, row, write_rows
+from bench.common import SMOKE_MODEL, add_output_arguments, row, train_run, write_rows
 from bench.train_overhead import prepare_synthetic
-from trainer.metrics import read_metrics
-from trainer.run_dir import RunDir
 
 SCHEDULES = {
     "linear decay to the budget's end": ["optim.schedule=linear"],
@@ -40,15 +35,8 @@ SCHEDULES = {
 def train(args: argparse.Namespace, data: Path, name: str, over: list[str]) -> list[dict]:
     """One 2-rank run; its metrics records."""
     run_dir = Path(args.work) / name
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [
-        sys.executable, "-m", "launch.cli", "train", "--config", args.config, "--nproc", "2",
-        "--run-dir", str(run_dir), f"data.dir={data}", "logging.wandb=disabled",
-        "logging.tensorboard=false", "logging.report=false", "train.save_every=0",
-        *args.overrides, *over,
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return read_metrics(RunDir(run_dir).metrics)
+    over = [f"data.dir={data}", "train.save_every=0", *args.overrides, *over]
+    return train_run(args.config, run_dir, over, log=run_dir.with_suffix(".log"))[0]
 
 
 def nll(record: dict) -> float:

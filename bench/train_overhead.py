@@ -34,7 +34,6 @@ import contextlib
 import cProfile
 import io
 import pstats
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ from bench.common import (
     SMOKE_MODEL,
     add_output_arguments,
     row,
+    run_command,
     settle_precision,
     write_rows,
 )
@@ -61,8 +61,6 @@ from trainer.run_dir import RunDir
 from trainer.sinks import JsonlSink
 from trainer.step import batch_flops, skipped_counts, train_step
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def prepare_synthetic(work: Path, pairs: int = 20000) -> Path:
     """A synthetic corpus of `pairs` training pairs prepared into shards (reused when there)."""
@@ -72,8 +70,8 @@ def prepare_synthetic(work: Path, pairs: int = 20000) -> Path:
         return data
     cli = [sys.executable, "-m", "launch.cli"]
     corpus = base / "corpus"
-    subprocess.run([*cli, "corpus", "synthetic", str(corpus), "--train", str(pairs)], check=True)
-    subprocess.run([*cli, "prepare", str(corpus), str(data), "--vocab-size", "300"], check=True)
+    run_command([*cli, "corpus", "synthetic", str(corpus), "--train", str(pairs)])
+    run_command([*cli, "prepare", str(corpus), str(data), "--vocab-size", "300"])
     return data
 
 

@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -39,7 +37,15 @@ from typing import Any
 
 import torch
 
-from bench.common import Row, add_output_arguments, row, settle_precision, write_rows
+from bench.common import (
+    CPU_ENV,
+    Row,
+    add_output_arguments,
+    row,
+    run_command,
+    settle_precision,
+    write_rows,
+)
 from launch.config import load_config
 from launch.cost_model.plan import (
     Buckets,
@@ -49,8 +55,6 @@ from launch.cost_model.plan import (
 )
 from model.config import ModelConfig
 from model.params import count_parameters
-
-ROOT = Path(__file__).resolve().parents[1]
 
 STAGES = (0, 1, 2, 3)
 TOLERANCE = 0.20
@@ -191,19 +195,7 @@ def run_world(args: argparse.Namespace, world: int, out: Path) -> None:
         "--out", str(out), "--config", args.config,
         "--bucket-elements", str(args.bucket_elements), *args.overrides,
     ]  # fmt: skip
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    try:
-        log, _ = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise SystemExit(f"world {world}: no result within {args.timeout} s") from None
-    if proc.returncode != 0:
-        sys.stderr.write(log.decode(errors="replace")[-4000:])
-        raise SystemExit(f"world {world}: torchrun exited {proc.returncode}")
+    run_command(cmd, out.with_name(f"world{world}.log"), CPU_ENV, args.timeout)
 
 
 def format_table(rows: list[dict]) -> str:

@@ -23,23 +23,22 @@ def torchrun_command(
     and kills them after --shutdown_timeout: that is the run's grace period, in which they
     save and exit. A rank that fails makes torchrun restart the whole group in place, up to
     `max_restarts` times (train.max_restarts); each restart resumes from `latest`."""
+    placement = ["--standalone", f"--nproc_per_node={nproc}"]
+    return [sys.executable, "-m", "torch.distributed.run", *placement,
+            *train_args(config_file, run_dir, grace_s, max_restarts)]  # fmt: skip
+
+
+def train_args(config_file: Path, run_dir: Path, grace_s: float, max_restarts: int) -> list[str]:
+    """torchrun's arguments after where its ranks run (locally or on a job's nodes): restarts
+    of the group, the grace period on TERM, the signals it handles itself, and the ranks'
+    command (`launch.cli train` of `config_file` into `run_dir`)."""
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
         f"--max-restarts={max_restarts}",
         f"--shutdown_timeout={math.ceil(grace_s)}",
         # torchrun leaves TERM and INT to the ranks (it ignores them: see run_torchrun) and
         # waits for them to save and exit instead of killing them after a traceback
         f"--signals_to_handle={TORCHRUN_SIGNALS}",
-        "-m",
-        "launch.cli",
-        "train",
-        "--config",
-        str(config_file),
-        f"run.dir={run_dir}",
+        *("-m", "launch.cli", "train", "--config", str(config_file), f"run.dir={run_dir}"),
     ]
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import signal
 import socket
@@ -33,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.local import TORCHRUN_SIGNALS
+from launch.local import train_args
 from trainer.run_dir import RunDir
 
 RESEND_EVERY_S = 2.0
@@ -107,15 +106,7 @@ def torchrun_command(
         f"--rdzv_endpoint={endpoint}",
         f"--rdzv_id={rdzv_id}",
         f"--rdzv_conf=is_host={int(is_host)}",
-        f"--max_restarts={max_restarts}",
-        f"--shutdown_timeout={math.ceil(grace_s)}",
-        f"--signals_to_handle={TORCHRUN_SIGNALS}",
-        "-m",
-        "launch.cli",
-        "train",
-        "--config",
-        str(RunDir(run_dir).config),
-        f"run.dir={run_dir}",
+        *train_args(RunDir(run_dir).config, run_dir, grace_s, max_restarts),
     ]
 
 
