@@ -47,12 +47,24 @@ from data_pipeline.resume import READABLE_VERSIONS, STATE_VERSION, merge_states
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 1000  # window (samples) for bucketing when cfg.shuffle_buffer == 0
-# Loader workers are spawned, not forked: a rank is multi-threaded (gloo, DeepSpeed, the metric
-# sinks), and a fork while another thread holds CPython's thread-state lock leaves the child
-# waiting on it forever on CPython <= 3.11.7 (gh-112275): seen as a worker stuck in
-# PyOS_AfterFork_Child and its rank waiting for the worker's first batch. A spawned worker is
-# a fresh interpreter (about a second more to start, once per stream).
-WORKER_START = "spawn"
+# Loader workers are not forked from their rank: a rank is multi-threaded (gloo, DeepSpeed, the
+# metric sinks), and a fork while another thread holds CPython's thread-state lock leaves the
+# child waiting on it forever on CPython <= 3.11.7 (gh-112275): seen as a worker stuck in
+# PyOS_AfterFork_Child and its rank waiting for the worker's first batch. They are forked from
+# a fork server instead: a single-threaded interpreter that each rank starts once, which has
+# imported torch and the producer (data_pipeline/worker_start.py), so that a worker - of the
+# training stream, or of each validation pass - starts in milliseconds, not in the seconds a
+# spawned interpreter takes to import torch again.
+WORKER_START = "forkserver"
+WORKER_PRELOAD = ["data_pipeline.worker_start"]
+
+
+def worker_context() -> Any:
+    """The multiprocessing context of the loader workers (the fork server's preload set)."""
+    ctx = mp.get_context(WORKER_START)
+    ctx.set_forkserver_preload(WORKER_PRELOAD)
+    return ctx
+
 
 __all__ = ["Batch", "TokenBatchStream", "read_manifest"]
 
@@ -155,21 +167,21 @@ class TokenBatchStream:
 
     def _closing_event(self) -> Any:
         if self._closing is None:
-            self._closing = mp.get_context(WORKER_START).Event()
+            self._closing = worker_context().Event()
             atexit.register(self._closing.set)  # before multiprocessing ends workers with TERM
         return self._closing
 
     # -- iteration ---------------------------------------------------------------------------
 
     def _worker_loader(self, positions: list[WorkerPosition]) -> DataLoader:
-        """A DataLoader whose `num_workers` spawned workers produce from `positions` on."""
+        """A DataLoader whose `num_workers` workers produce from `positions` on."""
         return DataLoader(
             WorkerDataset(self._ctx, positions, self._next, self._closing_event()),
             batch_size=None,
             num_workers=self.cfg.num_workers,
             collate_fn=_identity,
             worker_init_fn=ignore_stop_signals,
-            multiprocessing_context=WORKER_START,
+            multiprocessing_context=worker_context(),
             prefetch_factor=2,
             pin_memory=self.pin_memory,
             # Its own generator: creating the iterator must not draw from the global torch

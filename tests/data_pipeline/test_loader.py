@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import tarfile
 from collections import Counter
 from collections.abc import Callable
@@ -417,14 +418,12 @@ def test_loader_workers_survive_stop_signals(prepared: Path) -> None:
     import signal
     import time
 
-    from launch.local import child_pids
-
     cfg = data_cfg(max_tokens=512, shuffle_buffer=100, num_workers=2)
     straight = [b.keys for b in TokenBatchStream(prepared, "train", cfg, epochs=1)]
     stream = iter(TokenBatchStream(prepared, "train", cfg, epochs=1))
     got = [next(stream).keys, next(stream).keys]  # round robin: both workers are running
-    workers = child_pids(os.getpid())
-    assert len(workers) >= 2
+    workers = loader_workers()
+    assert len(workers) == 2
     for sig in (signal.SIGUSR1, signal.SIGINT):
         for pid in workers:
             os.kill(pid, sig)
@@ -444,31 +443,46 @@ def _signal_masks(pid: int) -> dict[str, set[int]]:
     return out
 
 
-def test_loader_workers_are_spawned_with_stop_signals_held_until_they_handle_them(
+def loader_workers() -> list[int]:
+    """This process's loader workers: the children of its fork server (data_pipeline/loader.py)."""
+    from launch.local import child_pids
+
+    servers = [pid for pid, cmd in _children(os.getpid()).items() if b"forkserver" in cmd]
+    assert len(servers) == 1, _children(os.getpid())
+    return child_pids(servers[0])
+
+
+def _children(pid: int) -> dict[int, bytes]:
+    """Direct children of `pid` and their command lines."""
+    from launch.local import child_pids
+
+    return {c: Path(f"/proc/{c}/cmdline").read_bytes() for c in child_pids(pid)}
+
+
+def test_loader_workers_start_with_stop_signals_held_until_they_handle_them(
     prepared: Path,
 ) -> None:
-    """Workers start by spawn, not by fork of the (multi-threaded) rank, and a stop signal in
-    their first moments waits for their own handlers instead of killing them: once started
-    they block none of TERM, INT, USR1 and ignore INT and USR1 (ignore_stop_signals). The
-    resource tracker that spawning starts keeps them blocked, so no USR1 to every process of a
-    job ends it. The rank's own mask is as it was."""
-    import os
+    """Workers are not forked from the (multi-threaded) rank but from its fork server, which
+    holds the stop signals (as does the resource tracker), so a stop signal in a worker's first
+    moments waits for its own handlers instead of killing it: once started they block none of
+    TERM, INT, USR1 and ignore INT and USR1 (ignore_stop_signals). No TERM, INT or USR1 to
+    every process of a job ends the server or the tracker. The rank's own mask is as it was."""
     import signal
-
-    from launch.local import child_pids
 
     stop = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
     before = _signal_masks(os.getpid())["SigBlk"]
     stream = iter(TokenBatchStream(prepared, "train", data_cfg(num_workers=2), epochs=1))
     next(stream), next(stream)  # round robin: both workers are running
     assert _signal_masks(os.getpid())["SigBlk"] == before
-    children = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in child_pids(os.getpid())}
-    workers = [pid for pid, cmd in children.items() if b"spawn_main" in cmd]
+    children = _children(os.getpid())
+    servers = [pid for pid, cmd in children.items() if b"forkserver" in cmd]
     trackers = [pid for pid, cmd in children.items() if b"resource_tracker" in cmd]
-    assert len(workers) == 2 and len(trackers) == 1, children
+    assert len(servers) == 1 and len(trackers) == 1, children
+    workers = loader_workers()
+    assert len(workers) == 2
     for pid in workers:
         masks = _signal_masks(pid)
         assert not stop & masks["SigBlk"], masks
         assert {signal.SIGINT, signal.SIGUSR1} <= masks["SigIgn"], masks
-    for pid in trackers:
+    for pid in [*servers, *trackers]:
         assert stop <= _signal_masks(pid)["SigBlk"] | _signal_masks(pid)["SigIgn"]
