@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -69,20 +71,51 @@ def ignore_stop_signals(worker_id: int) -> None:
     workers included - is ignored too while the rank still reads batches; once the rank closes
     its stream (`TokenBatchStream.close`, also at the rank's exit), a TERM ends the worker at
     once: the DataLoader and multiprocessing end workers with TERM at shutdown, and a worker
-    that ignored it then would hang its rank's exit. A worker whose rank is gone exits too.
+    that ignored it then would hang its rank's exit. A worker whose rank is gone (killed, so
+    that it could close nothing) exits by itself (`exit_with_rank`).
     """
     for sig in (signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     info = get_worker_info()
-    closing = getattr(info.dataset, "closing", None) if info is not None else None
-    parent = os.getppid()
+    dataset = info.dataset if info is not None else None
+    closing = getattr(dataset, "closing", None)
+    rank = getattr(dataset, "rank_pid", None) or os.getppid()
+    exit_with_rank(rank)
 
     def on_term(signum: int, frame: object) -> None:
-        if (closing is not None and closing.is_set()) or os.getppid() != parent:
+        if (closing is not None and closing.is_set()) or not process_alive(rank):
             os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held since its start
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (and is not a zombie waiting for its parent)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def exit_with_rank(rank_pid: int) -> None:
+    """End this process as soon as process `rank_pid` is gone: a thread waits on its pidfd.
+
+    A worker is forked from the rank's fork server (data_pipeline/loader.py), so its parent is
+    the server, not the rank, and the DataLoader's own check (is my parent still there?) would
+    not see the rank die; the server in turn stays while a worker it made lives, so neither
+    would ever end after a SIGKILL of the rank."""
+
+    def wait() -> None:
+        try:
+            fd = os.pidfd_open(rank_pid)
+        except OSError:  # already gone
+            os._exit(0)
+        select.select([fd], [], [])  # readable once the process has exited
+        os._exit(0)
+
+    threading.Thread(target=wait, name="exit-with-rank", daemon=True).start()
 
 
 @dataclass
@@ -289,6 +322,7 @@ class WorkerDataset(IterableDataset):
         self.positions = positions
         self.rotation = rotation
         self.closing = closing  # a multiprocessing Event: set when the rank closes its stream
+        self.rank_pid = os.getpid()  # the rank that made it, which its workers outlive never
 
     def __iter__(self) -> Iterator[Item]:
         info = get_worker_info()

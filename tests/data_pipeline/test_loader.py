@@ -486,3 +486,52 @@ def test_loader_workers_start_with_stop_signals_held_until_they_handle_them(
         assert {signal.SIGINT, signal.SIGUSR1} <= masks["SigIgn"], masks
     for pid in [*servers, *trackers]:
         assert stop <= _signal_masks(pid)["SigBlk"] | _signal_masks(pid)["SigIgn"]
+
+
+KILLED_RANK = """
+import sys, time
+from pathlib import Path
+from data_pipeline.loader import TokenBatchStream
+from tests.data_pipeline.conftest import data_cfg
+stream = iter(TokenBatchStream(Path(sys.argv[1]), "train", data_cfg(num_workers=2), epochs=1))
+next(stream), next(stream)  # round robin: both workers are running
+print("reading", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_workers_and_fork_server_of_a_killed_rank_exit(prepared: Path) -> None:
+    """A rank killed with SIGKILL (the OOM killer, a fault) closes nothing: its loader workers
+    (children of its fork server, not of the rank) and the fork server (which waits for the
+    workers it made) still end by themselves within seconds, leaving no process to hold
+    memory or the job's output open."""
+    import subprocess
+    import sys
+    import time
+
+    from data_pipeline.producer import process_alive
+    from launch.local import child_pids
+
+    root = Path(__file__).resolve().parents[2]
+    rank = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RANK, str(prepared)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert rank.stdout is not None and rank.stdout.readline() == b"reading\n"
+        children = _children(rank.pid)
+        servers = [pid for pid, cmd in children.items() if b"forkserver" in cmd]
+        assert len(servers) == 1, children
+        workers = child_pids(servers[0])
+        assert len(workers) == 2
+    finally:
+        rank.kill()
+        rank.wait()
+    left = [*servers, *workers]
+    deadline = time.monotonic() + 30
+    while any(map(process_alive, left)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in left if process_alive(pid)]
