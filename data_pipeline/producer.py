@@ -45,13 +45,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 def stop_signals_held() -> Iterator[None]:
     """Stop signals wait - blocked in this thread, not lost - while loader workers start.
 
-    A spawned worker inherits the mask, so a TERM to every process of the job in its first
-    seconds, before `ignore_stop_signals` has run in it, cannot kill it mid-start (its rank
-    would then fail on a dead worker instead of saving). So does multiprocessing's resource
-    tracker, which the first spawn starts and which would otherwise die of a USR1 sent to every
-    process; starting, it unblocks INT and TERM in this thread, hence the second block. The
-    rank itself gets any stop signal as before: another of its threads takes it, or this one
-    when the mask is restored.
+    The loader's fork server, started by the first stream, inherits the mask (and keeps it:
+    data_pipeline/worker_start.py), and so does every worker forked from it, so a TERM to every
+    process of the job in a worker's first moments, before `ignore_stop_signals` has run in it,
+    cannot kill it mid-start (its rank would then fail on a dead worker instead of saving). So
+    does multiprocessing's resource tracker, which the first stream starts and which would
+    otherwise die of a USR1 sent to every process; starting, it unblocks INT and TERM in this
+    thread, hence the second block. The rank itself gets any stop signal as before: another of
+    its threads takes it, or this one when the mask is restored.
     """
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
