@@ -9,17 +9,9 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
+from data_pipeline.producer import process_alive
 from tests.integration.conftest import RUN_TOKEN, signal_run
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def test_signal_run_reaches_a_process_in_another_session() -> None:
@@ -32,7 +24,7 @@ def test_signal_run_reaches_a_process_in_another_session() -> None:
         signal_run(os.getpgid(other.pid) + 10**7, token, signal.SIGKILL)  # a group that is none
         assert ours.wait(timeout=30) == -signal.SIGKILL
         time.sleep(0.2)
-        assert _alive(other.pid)
+        assert process_alive(other.pid)
     finally:
         for proc in (ours, other):
             proc.kill()
