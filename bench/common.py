@@ -167,3 +167,22 @@ def train_run(
     ]  # fmt: skip
     seconds = run_command(cmd, log, {**CPU_ENV, **(env or {})}, timeout, cwd)
     return read_metrics(RunDir(run_dir).metrics), seconds
+
+
+def prepare_synthetic(
+    work: Path,
+    pairs: int = 20000,
+    corpus_args: Sequence[str] = (),
+    prepare_args: Sequence[str] = ("--vocab-size", "300"),
+) -> Path:
+    """A synthetic corpus of `pairs` training pairs (`paperscale corpus synthetic` with
+    `corpus_args` besides) prepared into shards by `paperscale prepare` with `prepare_args`,
+    under `work`; reused when there."""
+    base = work / "-".join(["synthetic", str(pairs), *(a.strip("-") for a in corpus_args)])
+    data = base / "data"
+    if not (data / "manifest.json").is_file():
+        cli = [sys.executable, "-m", "launch.cli"]
+        corpus = base / "corpus"
+        run_command([*cli, "corpus", "synthetic", str(corpus), "--train", str(pairs), *corpus_args])
+        run_command([*cli, "prepare", str(corpus), str(data), *prepare_args])
+    return data

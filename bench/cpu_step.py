@@ -130,7 +130,7 @@ def main() -> None:
     p.add_argument("--before", help="a git revision to measure beside the defaults")
     add_output_arguments(p, "a synthetic corpus, the smoke model, 6 steps, two variants")
     args = p.parse_args()
-    from bench.train_overhead import prepare_synthetic
+    from bench.common import prepare_synthetic
 
     args.work.mkdir(parents=True, exist_ok=True)
     data = (args.data or prepare_synthetic(args.work, 2000 if args.smoke else 20000)).resolve()

@@ -29,8 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import ROOT, SMOKE_MODEL, add_output_arguments, row, write_rows
-from bench.train_overhead import prepare_synthetic
+from bench.common import ROOT, SMOKE_MODEL, add_output_arguments, prepare_synthetic, row, write_rows
 from data_pipeline.manifest import read_manifest
 from trainer.metrics import read_metrics
 from trainer.run_dir import RunDir, tag_for

@@ -110,6 +110,44 @@ class Bench:
         return self.smoke if smoke else self.full
 
 
+STUDIES = ROOT / "configs" / "bench"
+
+
+def _needs_path(path: str) -> Callable[[], str | None]:
+    """A `needs` that asks for `path` (relative to the repository) to exist."""
+
+    def needs() -> str | None:
+        if (ROOT / path).exists():
+            return None
+        return f"{path} is missing (`make demo` or `make bench` writes it)"
+
+    return needs
+
+
+def _studies() -> tuple[Bench, ...]:
+    """One bench per study in configs/bench/ (bench/study.py runs it)."""
+    from omegaconf import OmegaConf
+
+    out = []
+    for path in sorted(STUDIES.glob("*.yaml")):
+        study = OmegaConf.load(path)
+        out.append(
+            Bench(
+                path.stem,
+                " ".join(str(study.about).split()),
+                ("{python}", "-m", "bench.study", str(path.relative_to(ROOT))),
+                both=("--work", "{work}"),
+                env=CPU_RANKS,
+                timeout_s=float(study.get("timeout", 1800))
+                * len(study.arms)
+                * study.get("rounds", 1),
+                smoke_timeout_s=420,
+                needs=_needs_path(study.needs) if "needs" in study else _always,
+            )
+        )
+    return tuple(out)
+
+
 REGISTRY: tuple[Bench, ...] = (
     Bench(
         "decode",
@@ -146,13 +184,6 @@ REGISTRY: tuple[Bench, ...] = (
         needs=_needs_debian_corpus,
     ),
     Bench(
-        "sinks",
-        "Training step time with wandb (offline) + TensorBoard + jsonl against jsonl alone.",
-        ("{python}", "-m", "bench.sinks"),
-        full_args=("--repeats", "3", "--steps", "10"),
-        env=CPU_RANKS,
-    ),
-    Bench(
         "checkpoint",
         "Checkpoint size and save / load seconds of the base model on 2 CPU ranks, against "
         "`paperscale plan`'s estimate.",
@@ -170,18 +201,6 @@ REGISTRY: tuple[Bench, ...] = (
         timeout_s=900,
     ),
     Bench(
-        "save_overhead",
-        "Steps/s of `paperscale train` (tiny preset, 2 CPU ranks) with a save every 50 steps, "
-        "synchronous and in the background, against no saves; and each run against its own "
-        "median step.",
-        ("{python}", "-m", "bench.save_overhead"),
-        full_args=("--steps", "150", "--every", "50", "--repeats", "1"),
-        both=("--work", "{work}"),
-        env=CPU_RANKS,
-        timeout_s=2400,
-        smoke_timeout_s=400,
-    ),
-    Bench(
         "plan_calibration",
         "`paperscale plan`'s step model on this machine: one CPU rank's effective GFLOP/s and "
         "overheads per step and per micro-batch (tiny preset), and the model's error at the "
@@ -191,22 +210,10 @@ REGISTRY: tuple[Bench, ...] = (
         smoke_timeout_s=120,
     ),
     Bench(
-        "budget_schedules",
-        "The same minutes of `paperscale train` (demo preset, 2 CPU ranks) with the budget's "
-        "linear decay against the paper's inverse square root: valid nll, BLEU, steps.",
-        ("{python}", "-m", "bench.time_to_quality", "--study", "schedules"),
-        full_args=("--data", "data/debian-ende", "--minutes", "12"),
-        both=("--work", "{work}"),
-        env=CPU_RANKS,
-        timeout_s=2400,
-        smoke_timeout_s=400,
-        needs=_needs_demo_data,
-    ),
-    Bench(
         "batch_scaling",
         "Steps and training seconds to the same valid nll at B and 2B target tokens per step "
         "(peak lr x sqrt 2), demo preset's model on 2 CPU ranks.",
-        ("{python}", "-m", "bench.time_to_quality", "--study", "batch"),
+        ("{python}", "-m", "bench.batch_scaling"),
         full_args=("--data", "data/debian-ende", "--steps", "150"),
         both=("--work", "{work}"),
         env=CPU_RANKS,
@@ -237,13 +244,6 @@ REGISTRY: tuple[Bench, ...] = (
         ("{python}", "-m", "bench.preemption", "--work", "{work}"),
         env=CPU_RANKS,
         needs=_needs_demo_data,
-    ),
-    Bench(
-        "resume_drift",
-        "Loss drift of a plain DeepSpeed save / load: optimizer against RNG restore, 2 CPU ranks.",
-        (*TORCHRUN, "-m", "bench.resume_drift", "--dir", "{work}"),
-        env=CPU_RANKS,
-        timeout_s=1200,
     ),
     Bench(
         "zero_memory",
@@ -303,20 +303,6 @@ REGISTRY: tuple[Bench, ...] = (
         needs=_needs_fairseq,
     ),
     Bench(
-        "scaling",
-        "Tokens/s of `paperscale train` on 2 local CPU ranks against 1.",
-        ("{python}", "-m", "bench.scaling", "--work", "{work}"),
-        timeout_s=5400,
-        smoke_timeout_s=420,
-    ),
-    Bench(
-        "synthetic_task",
-        "The synthetic task end to end through the CLI (corpus, prepare, train on 2 ranks, "
-        "evaluate): BLEU >= 90 within 10 minutes.",
-        ("{python}", "-m", "bench.synthetic_task"),
-        smoke_timeout_s=420,
-    ),
-    Bench(
         "gpu",
         "The big model on one GPU at the paper's batch: tokens/s, MFU and peak memory, ZeRO 1 "
         "and 2, with and without torch.compile.",
@@ -356,6 +342,7 @@ REGISTRY: tuple[Bench, ...] = (
         smoke_timeout_s=120,
         needs=_needs_cuda,
     ),
+    *_studies(),
 )
 
 

@@ -34,7 +34,6 @@ import contextlib
 import cProfile
 import io
 import pstats
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -44,8 +43,8 @@ import torch
 from bench.common import (
     SMOKE_MODEL,
     add_output_arguments,
+    prepare_synthetic,
     row,
-    run_command,
     settle_precision,
     write_rows,
 )
@@ -60,19 +59,6 @@ from trainer.metrics import MetricsLogger, Throughput
 from trainer.run_dir import RunDir
 from trainer.sinks import JsonlSink
 from trainer.step import batch_flops, skipped_counts, train_step
-
-
-def prepare_synthetic(work: Path, pairs: int = 20000) -> Path:
-    """A synthetic corpus of `pairs` training pairs prepared into shards (reused when there)."""
-    base = work if pairs == 20000 else work / f"synthetic-{pairs}"
-    data = base / "data"
-    if (data / "manifest.json").is_file():
-        return data
-    cli = [sys.executable, "-m", "launch.cli"]
-    corpus = base / "corpus"
-    run_command([*cli, "corpus", "synthetic", str(corpus), "--train", str(pairs)])
-    run_command([*cli, "prepare", str(corpus), str(data), "--vocab-size", "300"])
-    return data
 
 
 class PaperscaleSide:

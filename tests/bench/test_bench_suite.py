@@ -99,15 +99,6 @@ def _decode_cache_same_work(outcome: runner.Outcome) -> None:
         assert {f"{search}, cache", f"{search}, no cache", f"{search}, cache speed-up"} <= names
 
 
-def _resume_drift_per_rank_exact(outcome: runner.Outcome) -> None:
-    """Four cases; restoring each rank's own RNG resumes exactly (the loss differences of
-    rank 0's RNG on every rank are what the bench shows)."""
-    assert len(outcome.rows) == 4
-    for r in outcome.rows:
-        if r["rng_from"] == "per-rank file":
-            assert r["value"] == 0.0, r
-
-
 def _overhead_same_precision(outcome: runner.Outcome) -> None:
     """Both sides measured, in the precision the paperscale side settled on."""
     by_figure = {r["figure"]: r for r in outcome.rows}
@@ -172,6 +163,22 @@ def _save_overhead_side_by_side(outcome: runner.Outcome) -> None:
     assert all(by_figure[f"{v} saves: steps/s / no saves"] > 0 for v in ("sync", "async"))
 
 
+def _synthetic_task_evaluated(outcome: runner.Outcome) -> None:
+    """The run's model was evaluated on the test split at beam 4 and greedy (BLEU 0-100)."""
+    by_figure = {r["figure"]: r["value"] for r in outcome.rows}
+    for beam in ("beam 4", "greedy"):
+        assert 0 <= by_figure[f"test BLEU {beam}"] <= 100
+    assert by_figure["steps"] == 10
+
+
+def _scaling_both_worlds(outcome: runner.Outcome) -> None:
+    """Both worlds trained, and the ratio is theirs."""
+    by_figure = {r["figure"]: r["value"] for r in outcome.rows}
+    one, two = by_figure["1 rank"], by_figure["2 ranks"]
+    assert one > 0 and two > 0
+    assert by_figure["ratio 2 ranks / 1 rank (2.0 = linear)"] == pytest.approx(two / one)
+
+
 CHECKS: dict[str, Callable[[runner.Outcome], None]] = {
     "save_overhead": _save_overhead_side_by_side,
     "loss_memory": _chunked_loss_holds_less,
@@ -183,7 +190,8 @@ CHECKS: dict[str, Callable[[runner.Outcome], None]] = {
     "gpu": _gpu_configurations,
     "zero_memory": _zero_memory_within_plan,
     "decode": _decode_cache_same_work,
-    "resume_drift": _resume_drift_per_rank_exact,
+    "synthetic_task": _synthetic_task_evaluated,
+    "scaling": _scaling_both_worlds,
     "train_overhead": _overhead_same_precision,
 }
 
@@ -509,7 +517,11 @@ def test_results_have_one_table_per_bench_with_command_date_and_machine() -> Non
     ]
     text = report.render_results(outcomes, MACHINE)
     assert text.startswith("# Benchmark results\n")
-    assert list(report.split_sections(text)) == ["decode", "synthetic_task", "gpu"]
+    assert list(report.split_sections(text)) == [
+        "decode",
+        "gpu",
+        "synthetic_task",
+    ]  # registry order
     machine = "Test CPU 9000, 2 cores, native bf16: no, GPU: none"
     command = "`OMP_NUM_THREADS=1 .venv/bin/python bench/decode.py`"
     assert table_rows(text, "decode") == [

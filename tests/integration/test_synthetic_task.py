@@ -1,10 +1,11 @@
 """The real trainer learns: 2 CPU ranks reach a clear BLEU on held-out synthetic sequences.
 
-A CI-sized version of bench/synthetic_task.py (which checks the full task: 5-20 tokens, BLEU >=
-90 within 10 minutes): mapped reversal of 3-10 pseudo-words from a 50-word vocabulary, written
-by the synthetic corpus writer, then the real `paperscale prepare`, `train --nproc 2` (torchrun,
-DeepSpeed ZeRO 2, precision auto) and `evaluate` on the test split. Chance BLEU is ~0; the threshold
-leaves a wide margin below what the run reaches.
+A CI-sized version of the synthetic_task bench (configs/bench/synthetic_task.yaml, which checks
+the full task: 5-20 tokens, BLEU >= 90 within 10 minutes): mapped reversal of 3-10
+pseudo-words from a 50-word vocabulary, written by the synthetic corpus writer, then the real
+`paperscale prepare`, `train --nproc 2` (torchrun, DeepSpeed ZeRO 2, precision auto) and
+`evaluate` on the test split. Chance BLEU is ~0; the threshold leaves a wide margin below what
+the run reaches.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""Quality per minute: `paperscale train` runs side by side on the same data and machine.
+"""Quality per step at twice the batch: two `paperscale train` runs on the same data and machine.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m bench.time_to_quality --study schedules \\
-        --work /tmp/bench-ttq --data data/debian-ende [--minutes 12] [--smoke] [--json PATH]
-    OMP_NUM_THREADS=1 .venv/bin/python -m bench.time_to_quality --study batch \\
-        --work /tmp/bench-ttq --data data/debian-ende [--steps 150] [--smoke] [--json PATH]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.batch_scaling --work /tmp/bench-batch \\
+        --data data/debian-ende [--steps 150] [--smoke] [--json PATH]
 
-`schedules`: the same training minutes (train.budget_minutes) with the budget's linear decay
-to zero against the paper's inverse square root, each ended by the budget at the same horizon
-rule; valid nll (log of the perplexity), BLEU of the final evaluation, steps.
-`batch`: the tiny preset at B target tokens per step and at 2B (twice the accumulation), the
+The preset at B target tokens per step and at 2B (twice the accumulation), the
 peak learning rate scaled by sqrt(2) (the square-root rule for Adam: Malladi et al., "On the
 SDEs and Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022), each for --steps
 steps; the steps and the training seconds each needs to reach the valid nll that B ends at.
-Both read every figure from the runs' own metrics.jsonl. Without --data a synthetic corpus is
+Every figure is read from the runs' own metrics.jsonl. Without --data a synthetic corpus is
 prepared under --work. `--smoke`: d_model 32 on the synthetic corpus (seconds).
 """
 
@@ -23,13 +18,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.common import SMOKE_MODEL, add_output_arguments, row, train_run, write_rows
-from bench.train_overhead import prepare_synthetic
-
-SCHEDULES = {
-    "linear decay to the budget's end": ["optim.schedule=linear"],
-    "inverse_sqrt (paper)": ["optim.schedule=inverse_sqrt"],
-}
+from bench.common import (
+    SMOKE_MODEL,
+    add_output_arguments,
+    prepare_synthetic,
+    row,
+    train_run,
+    write_rows,
+)
 
 
 def train(args: argparse.Namespace, data: Path, name: str, over: list[str]) -> list[dict]:
@@ -41,24 +37,6 @@ def train(args: argparse.Namespace, data: Path, name: str, over: list[str]) -> l
 
 def nll(record: dict) -> float:
     return math.log(record["valid_ppl"])
-
-
-def schedules(args: argparse.Namespace, data: Path) -> list[Any]:
-    rows = []
-    case = {"minutes": args.minutes, "config": args.config, "ranks": 2}
-    for name, over in SCHEDULES.items():
-        records = train(args, data, name.split()[0], [f"train.budget_minutes={args.minutes}",
-                        "train.max_steps=1000000", *over])  # fmt: skip
-        last = [r for r in records if "valid_ppl" in r][-1]
-        steps = max(r["step"] for r in records)
-        print(f"{name}: {steps} steps, valid nll {nll(last):.3f}, BLEU {last.get('bleu', 0):.2f}",
-              flush=True)  # fmt: skip
-        rows += [
-            row(f"{name}: valid nll at the end", nll(last), "nats", **case),
-            row(f"{name}: BLEU at the end", last.get("bleu", 0.0), "BLEU", **case),
-            row(f"{name}: steps in the budget", steps, "steps", **case),
-        ]
-    return rows
 
 
 def to_target(records: list[dict], target: float) -> tuple[int, float] | None:
@@ -100,26 +78,23 @@ def batch(args: argparse.Namespace, data: Path) -> list[Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--study", choices=("schedules", "batch"), required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--data", help="a prepared data dir (default: a synthetic corpus)")
     parser.add_argument("--config", default="configs/demo.yaml")
-    parser.add_argument("--minutes", type=float, default=12.0)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("overrides", nargs="*")
-    add_output_arguments(parser, "d_model 32 on a synthetic corpus, 0.3 minutes or 12 steps")
+    add_output_arguments(parser, "d_model 32 on a synthetic corpus, 12 steps")
     args = parser.parse_args()
     if args.smoke:
-        args.minutes, args.steps, args.every = 0.3, 12, 4
+        args.steps, args.every = 12, 4
         args.overrides = [*SMOKE_MODEL, "train.bleu_samples=8", "train.budget_calibration_steps=5",
                           "optim.warmup_steps=5", *args.overrides]  # fmt: skip
     Path(args.work).mkdir(parents=True, exist_ok=True)
     data = Path(args.data) if args.data else prepare_synthetic(Path(args.work), 2000)
-    rows = schedules(args, data) if args.study == "schedules" else batch(args, data)
-    write_rows(args.json, rows)
+    write_rows(args.json, batch(args, data))
 
 
 if __name__ == "__main__":

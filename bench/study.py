@@ -1,0 +1,226 @@
+"""A study: `paperscale train` runs side by side, declared in `configs/bench/NAME.yaml` and read
+from each run's own metrics.jsonl. The training speed benches are studies; this is their one
+program.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.study configs/bench/scaling.yaml \\
+        --work /tmp/bench-scaling [--smoke] [--json PATH]
+
+A study names a training config, its data, the overrides every run takes (`train`), its arms
+(each: overrides, environment, ranks) and how many rounds to run them in turn (so that the
+machine's load drifts equally on every arm). Every arm is a fresh run. Each figure reduces one
+run's records to a number (`reduce` below), averaged over the rounds; a comparison divides or
+subtracts two arms' values of a figure. `evaluate` adds `paperscale evaluate` of each run on
+the test split at the listed beams (`test_bleu_beam<N>`). A figure with a `goal` (">= 90")
+that misses it makes the study exit 1 at full size, after its rows are written.
+
+`smoke` replaces `rounds`, `data` and the arms kept (`arms`), and appends its `train` after
+the smoke-size model (bench/common.py SMOKE_MODEL): seconds on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import operator
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from bench.common import (
+    ROOT,
+    SMOKE_MODEL,
+    Row,
+    add_output_arguments,
+    prepare_synthetic,
+    row,
+    run_command,
+    train_run,
+    write_rows,
+)
+
+Records = list[dict[str, Any]]
+CLI = (sys.executable, "-m", "launch.cli")
+
+
+def _logged(records: Records, metric: str) -> list[float]:
+    """The metric's values in the run's log records after the first (which holds start-up)."""
+    return [r[metric] for r in records if metric in r][1:]
+
+
+def _step_seconds(records: Records) -> list[float]:
+    """Each step's wall seconds, from consecutive logged steps (the study logs every step)."""
+    times = {r["step"]: r["time"] for r in records if "loss" in r}
+    first, last = min(times), max(times)
+    return [times[i] - times[i - 1] for i in range(first + 1, last + 1) if i - 1 in times]
+
+
+def _excess_pct(records: Records) -> float:
+    """The steps' time over as many median steps, in % (the first tenth left out: a run's first
+    steps are slower). A save lands in a few steps; the median step is one without."""
+    steps = _step_seconds(records)
+    steps = steps[max(len(steps) // 10, 1) :]
+    return 100 * (sum(steps) / (len(steps) * statistics.median(steps)) - 1.0)
+
+
+def _of(values: list[float], how: Callable[[list[float]], float]) -> float:
+    """`how` of the values; NaN (null in the rows) when the run logged none (a smoke run
+    without validation has no valid loss)."""
+    return how(values) if values else math.nan
+
+
+def _all(records: Records, metric: str) -> list[float]:
+    return [r[metric] for r in records if metric in r]
+
+
+# reduce: one run's records (and the train command's wall seconds) -> a number
+REDUCERS: dict[str, Callable[[Records, str, float], float]] = {
+    "mean": lambda rs, m, s: _of(_logged(rs, m), statistics.mean),
+    "median": lambda rs, m, s: _of(_logged(rs, m), statistics.median),
+    "last": lambda rs, m, s: _of(_all(rs, m), lambda v: v[-1]),
+    "last_log": lambda rs, m, s: _of(_all(rs, m), lambda v: math.log(v[-1])),  # nll from ppl
+    "max": lambda rs, m, s: _of(_all(rs, m), max),
+    "steps_seconds": lambda rs, m, s: sum(_step_seconds(rs)),
+    "median_step": lambda rs, m, s: statistics.median(_step_seconds(rs)),
+    "excess_pct": lambda rs, m, s: _excess_pct(rs),
+    "command_seconds": lambda rs, m, s: s,
+    "outside_steps": lambda rs, m, s: s - sum(_step_seconds(rs)),
+}
+COMPARISONS = {"ratio": operator.truediv, "difference": operator.sub}
+GOALS = {">=": operator.ge, "<=": operator.le}
+
+
+def load_study(path: Path, smoke: bool) -> Any:
+    """The study at `path`, at smoke size when asked; ValueError naming what is wrong."""
+    study = OmegaConf.load(path)
+    for key in ("config", "data", "arms", "figures"):
+        if key not in study:
+            raise ValueError(f"{path}: a study needs `{key}`")
+    for fig in study.figures:
+        if fig.get("reduce", "mean") not in REDUCERS:
+            raise ValueError(f"{path}: unknown reduce {fig.reduce!r}; known: {sorted(REDUCERS)}")
+    for cmp in study.get("compare", []):
+        if cmp.op not in COMPARISONS or any(a not in study.arms for a in cmp.arms):
+            raise ValueError(f"{path}: comparison {cmp.name!r} needs an op in "
+                             f"{sorted(COMPARISONS)} and two of its arms")  # fmt: skip
+    train = list(study.get("train", []))
+    if smoke:
+        small = study.get("smoke", {})
+        train += [*SMOKE_MODEL, *small.get("train", [])]
+        study.rounds = small.get("rounds", 1)
+        study.data = small.get("data", {"synthetic": 2000})
+        keep = small.get("arms", list(study.arms))
+        study.arms = {name: arm for name, arm in study.arms.items() if name in keep}
+    study.train = train
+    return study
+
+
+def prepare_data(spec: Any, work: Path) -> Path:
+    """A prepared data dir: `dir` as given, or a synthetic corpus of `synthetic` training
+    pairs (with `corpus` and `prepare` arguments: bench/common.py prepare_synthetic)."""
+    if "dir" in spec:
+        return (ROOT / spec.dir).resolve()
+    extra = {"corpus_args": [str(a) for a in spec.get("corpus", [])]}
+    if "prepare" in spec:
+        extra["prepare_args"] = [str(a) for a in spec.prepare]
+    return prepare_synthetic(work, int(spec.synthetic), **extra)
+
+
+def evaluate(run_dir: Path, data: Path, beam: int) -> float:
+    """Test BLEU of the run's model at `beam` (`paperscale evaluate`'s JSON line)."""
+    log = run_dir.with_name(f"{run_dir.name}.evaluate{beam}.log")
+    cmd = [*CLI, "evaluate", str(run_dir), "--data", str(data), "--split", "test"]
+    run_command([*cmd, "--beam", str(beam)], log=log)
+    lines = [x for x in log.read_text().splitlines() if x.startswith("{")]
+    return float(json.loads(lines[-1])["bleu"])
+
+
+def run_arm(study: Any, name: str, data: Path, work: Path, k: int) -> tuple[Records, float]:
+    """One fresh run of arm `name` (round `k`); its records (with the test BLEUs) and seconds."""
+    arm = study.arms[name] or {}
+    run_dir = work / f"{name.replace(' ', '_').replace('/', '_')}-{k}"
+    over = [f"data.dir={data}", *study.train, *arm.get("train", [])]
+    env = {str(key): str(value) for key, value in arm.get("env", {}).items()}
+    started = time.perf_counter()
+    records, seconds = train_run(
+        ROOT / study.config, run_dir, over, nproc=int(arm.get("nproc", 2)), env=env,
+        timeout=float(study.get("timeout", 3600)), log=run_dir.with_suffix(".log"),
+    )  # fmt: skip
+    for beam in study.get("evaluate", []):
+        records.append({"step": -1, f"test_bleu_beam{beam}": evaluate(run_dir, data, beam)})
+    print(f"{name} (round {k}): {time.perf_counter() - started:.1f} s", flush=True)
+    return records, seconds
+
+
+def measure(study: Any, data: Path, work: Path) -> dict[str, dict[str, float]]:
+    """Every figure of every arm: arms in turn for `rounds` rounds, each figure's value the
+    mean over the rounds."""
+    values: dict[str, dict[str, list[float]]] = {a: {} for a in study.arms}
+    for k in range(int(study.get("rounds", 1))):
+        for name in study.arms:
+            records, seconds = run_arm(study, name, data, work, k)
+            for fig in study.figures:
+                reduce = REDUCERS[fig.get("reduce", "mean")]
+                value = reduce(records, fig.get("metric", ""), seconds)
+                values[name].setdefault(fig.name, []).append(value)
+    return {a: {f: statistics.mean(v) for f, v in figs.items()} for a, figs in values.items()}
+
+
+def study_rows(study: Any, values: dict[str, dict[str, float]]) -> list[Row]:
+    """The figures of every arm, then the comparisons, as rows."""
+    case = {"config": str(study.config), "rounds": int(study.get("rounds", 1))}
+    case |= dict(study.get("context", {}))
+    rows = []
+    for name, figs in values.items():
+        for fig in study.figures:
+            extra = {"goal": fig.goal} if "goal" in fig else {}
+            label = fig.name.format(arm=name)
+            rows.append(row(label, figs[fig.name], fig.unit, arm=name, **extra, **case))
+    for cmp in study.get("compare", []):
+        a, b = (values[arm][cmp.figure] for arm in cmp.arms)
+        extra = {"goal": cmp.goal} if "goal" in cmp else {}
+        rows.append(row(cmp.name, COMPARISONS[cmp.op](a, b), cmp.get("unit", "x"), **extra, **case))
+    return rows
+
+
+def missed_goals(rows: list[Row]) -> list[str]:
+    """The rows whose `goal` ("<= 1.05", ">= 90") their value misses."""
+    missed = []
+    for r in rows:
+        if "goal" in r:
+            op, bound = r["goal"].split()
+            if not GOALS[op](r["value"], float(bound)):
+                missed.append(f"{r['figure']} {r['value']:.4g} (goal {r['goal']})")
+    return missed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("study", type=Path, help="configs/bench/NAME.yaml")
+    p.add_argument("--work", type=Path, required=True, help="data and run directories")
+    add_output_arguments(p, "the smoke-size model, the study's `smoke` section")
+    args = p.parse_args(argv)
+    try:
+        study = load_study(args.study, args.smoke)
+    except (OSError, ValueError) as e:
+        print(f"study: {e}", file=sys.stderr)
+        return 2
+    args.work.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(study.data, args.work)
+    rows = study_rows(study, measure(study, data, args.work))
+    for r in rows:
+        print(f"{r['figure']:<56} {r['value']:12.4g} {r['unit']}")
+    write_rows(args.json, rows)
+    missed = [] if args.smoke else missed_goals(rows)
+    for line in missed:
+        print(f"FAIL: {line}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

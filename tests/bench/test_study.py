@@ -1,0 +1,93 @@
+"""The study harness (bench/study.py) without training runs: every study in configs/bench/
+loads at both sizes, a wrong one is refused in one line, each reducer on made-up records, the
+comparisons and goals. The runs themselves are test_bench_suite.py's smoke runs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bench import study
+from bench.common import SMOKE_MODEL
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDIES = sorted((ROOT / "configs" / "bench").glob("*.yaml"))
+
+# four logged steps, one second apart but the third (a save) three; an evaluation record
+RECORDS = [
+    {"step": 1, "time": 100.0, "loss": 5.0, "tokens_per_s": 10.0},
+    {"step": 2, "time": 101.0, "loss": 4.0, "tokens_per_s": 20.0},
+    {"step": 3, "time": 104.0, "loss": 3.0, "tokens_per_s": 40.0},
+    {"step": 3, "valid_ppl": math.e**2, "bleu": 7.5},
+    {"step": 4, "time": 105.0, "loss": 2.0, "tokens_per_s": 30.0},
+]
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
+def test_every_study_loads_at_both_sizes(path: Path) -> None:
+    full, smoke = study.load_study(path, smoke=False), study.load_study(path, smoke=True)
+    assert full.arms and set(smoke.arms) <= set(full.arms)
+    assert list(smoke.train[: len(full.train)]) == list(full.train)  # the smoke model after
+    assert all(o in smoke.train for o in SMOKE_MODEL)
+    assert (ROOT / full.config).is_file()
+
+
+def test_a_study_without_arms_or_with_an_unknown_reduce_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("config: configs/tiny.yaml\ndata: {synthetic: 10}\nfigures: []\n")
+    with pytest.raises(ValueError, match="a study needs `arms`"):
+        study.load_study(bad, smoke=False)
+    bad.write_text(
+        "config: configs/tiny.yaml\ndata: {synthetic: 10}\narms: {a: {}}\n"
+        "figures: [{name: x, reduce: fastest, unit: s}]\n"
+    )
+    with pytest.raises(ValueError, match="unknown reduce 'fastest'"):
+        study.load_study(bad, smoke=False)
+    assert study.main([str(bad), "--work", str(tmp_path / "w")]) == 2
+
+
+@pytest.mark.parametrize(
+    ("reduce", "metric", "expected"),
+    [
+        ("mean", "tokens_per_s", 30.0),  # the first log window (start-up) left out
+        ("median", "tokens_per_s", 30.0),
+        ("last", "bleu", 7.5),
+        ("last_log", "valid_ppl", 2.0),
+        ("max", "step", 4),
+        ("steps_seconds", "", 5.0),
+        ("median_step", "", 1.0),
+        ("command_seconds", "", 12.0),
+        ("outside_steps", "", 7.0),
+        ("last", "valid_loss", math.nan),  # not logged: null in the rows
+    ],
+)
+def test_each_reducer_on_made_up_records(reduce: str, metric: str, expected: float) -> None:
+    value = study.REDUCERS[reduce](RECORDS, metric, 12.0)
+    assert value == pytest.approx(expected, nan_ok=True)
+
+
+def test_the_excess_over_median_steps_shows_a_slow_step() -> None:
+    steps = [{"step": i, "time": float(i), "loss": 1.0} for i in range(1, 22)]
+    flat = study.REDUCERS["excess_pct"](steps, "", 0.0)
+    steps[15:] = [{**r, "time": r["time"] + 2.0} for r in steps[15:]]  # one step 3 s
+    assert flat == pytest.approx(0.0)
+    assert study.REDUCERS["excess_pct"](steps, "", 0.0) == pytest.approx(
+        100 * 2 / 18
+    )  # 20 steps, the first 2 out
+
+
+def test_comparisons_and_goals(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "config: configs/tiny.yaml\ndata: {synthetic: 10}\narms: {a: {}, b: {}}\n"
+        "figures: [{name: '{arm} speed', reduce: mean, metric: x, unit: t/s, goal: '>= 2'}]\n"
+        "compare: [{name: a / b, figure: '{arm} speed', op: ratio, arms: [a, b], goal: '<= 1'}]\n"
+    )
+    s = study.load_study(path, smoke=False)
+    rows = study.study_rows(s, {"a": {"{arm} speed": 3.0}, "b": {"{arm} speed": 1.5}})
+    assert [(r["figure"], r["value"]) for r in rows] == [
+        ("a speed", 3.0), ("b speed", 1.5), ("a / b", 2.0)
+    ]  # fmt: skip
+    assert study.missed_goals(rows) == ["b speed 1.5 (goal >= 2)", "a / b 2 (goal <= 1)"]
