@@ -313,18 +313,6 @@ REGISTRY: tuple[Bench, ...] = (
         needs=_needs_cuda,
     ),
     Bench(
-        "cpu_step",
-        "The demo preset's step on 2 CPU ranks: target tokens/s and MFU of the defaults, of "
-        "fp32, of each speed choice undone and of the code before them (84d301c), side by side;"
-        " the profiler's grouped table of the defaults and of that code.",
-        ("{python}", "-m", "bench.cpu_step"),
-        full_args=("--data", "data/debian-ende", "--before", "84d301c"),
-        both=("--work", "{work}"),
-        timeout_s=3600,
-        smoke_timeout_s=420,
-        needs=_needs_demo_data,
-    ),
-    Bench(
         "attention",
         "SDPA kernels side by side: forward + backward ms of each at the demo preset's "
         "attention shapes, fp32 and (where native) bf16; the figures behind `train.attention: "

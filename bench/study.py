@@ -24,6 +24,7 @@ import json
 import math
 import operator
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -116,6 +117,7 @@ def load_study(path: Path, smoke: bool) -> Any:
         study.data = small.get("data", {"synthetic": 2000})
         keep = small.get("arms", list(study.arms))
         study.arms = {name: arm for name, arm in study.arms.items() if name in keep}
+        study.compare = [c for c in study.get("compare", []) if set(c.arms) <= set(keep)]
     study.train = train
     return study
 
@@ -140,17 +142,43 @@ def evaluate(run_dir: Path, data: Path, beam: int) -> float:
     return float(json.loads(lines[-1])["bleu"])
 
 
+def worktree(rev: str, work: Path) -> Path:
+    """A checkout of git revision `rev` under `work` (made once)."""
+    path = work / f"rev-{rev}"
+    if not path.is_dir():
+        cmd = ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev]
+        subprocess.run(cmd, check=True, capture_output=True)
+    return path
+
+
+def profile_record(run_dir: Path) -> dict[str, Any]:
+    """The last profiled window's grouped step time (rank 0), as `profile <group> ms` and
+    `profile step ms`; {} when the run was not profiled."""
+    tables = sorted(run_dir.glob("profile/*/rank_00000.groups.json"))
+    if not tables:
+        return {}
+    groups = json.loads(tables[-1].read_text())
+    out = {f"profile {g} ms": ms for g, ms in groups["groups_ms"].items()}
+    return {"step": -1, "profile step ms": groups["step_ms"], **out}
+
+
 def run_arm(study: Any, name: str, data: Path, work: Path, k: int) -> tuple[Records, float]:
-    """One fresh run of arm `name` (round `k`); its records (with the test BLEUs) and seconds."""
+    """One fresh run of arm `name` (round `k`), from the checkout of its `checkout` revision
+    if it has one, the study's overrides but those starting with one of its `without`; its
+    records (with the profile's and the test BLEUs) and seconds."""
     arm = study.arms[name] or {}
     run_dir = work / f"{name.replace(' ', '_').replace('/', '_')}-{k}"
-    over = [f"data.dir={data}", *study.train, *arm.get("train", [])]
+    drop = tuple(arm.get("without", []))
+    common = [o for o in study.train if not (drop and o.startswith(drop))]
+    over = [f"data.dir={data}", *common, *arm.get("train", [])]
     env = {str(key): str(value) for key, value in arm.get("env", {}).items()}
+    root = worktree(arm.checkout, work) if "checkout" in arm else ROOT
     started = time.perf_counter()
     records, seconds = train_run(
-        ROOT / study.config, run_dir, over, nproc=int(arm.get("nproc", 2)), env=env,
-        timeout=float(study.get("timeout", 3600)), log=run_dir.with_suffix(".log"),
+        root / study.config, run_dir, over, nproc=int(arm.get("nproc", 2)), env=env,
+        timeout=float(study.get("timeout", 3600)), log=run_dir.with_suffix(".log"), cwd=root,
     )  # fmt: skip
+    records.append(profile_record(run_dir) or {"step": -1})
     for beam in study.get("evaluate", []):
         records.append({"step": -1, f"test_bleu_beam{beam}": evaluate(run_dir, data, beam)})
     print(f"{name} (round {k}): {time.perf_counter() - started:.1f} s", flush=True)

@@ -179,6 +179,16 @@ def _scaling_both_worlds(outcome: runner.Outcome) -> None:
     assert by_figure["ratio 2 ranks / 1 rank (2.0 = linear)"] == pytest.approx(two / one)
 
 
+def _cpu_step_profiled(outcome: runner.Outcome) -> None:
+    """Both arms profiled: a step time and its groups, the groups within the step."""
+    by_figure = {r["figure"]: r["value"] for r in outcome.rows}
+    for arm in ("defaults", "fp32"):
+        step = by_figure[f"{arm}: step (profiled, rank 0)"]
+        groups = [by_figure[f"{arm}: {g}"] for g in ("matmul", "attention", "loss", "optimizer")]
+        assert step > 0 and all(0 <= g <= step for g in groups), (arm, step, groups)
+    assert by_figure["defaults : fp32"] > 0
+
+
 CHECKS: dict[str, Callable[[runner.Outcome], None]] = {
     "save_overhead": _save_overhead_side_by_side,
     "loss_memory": _chunked_loss_holds_less,
@@ -192,6 +202,7 @@ CHECKS: dict[str, Callable[[runner.Outcome], None]] = {
     "decode": _decode_cache_same_work,
     "synthetic_task": _synthetic_task_evaluated,
     "scaling": _scaling_both_worlds,
+    "cpu_step": _cpu_step_profiled,
     "train_overhead": _overhead_same_precision,
 }
 

@@ -5,6 +5,7 @@ comparisons and goals. The runs themselves are test_bench_suite.py's smoke runs.
 from __future__ import annotations
 
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,22 @@ def test_comparisons_and_goals(tmp_path: Path) -> None:
         ("a speed", 3.0), ("b speed", 1.5), ("a / b", 2.0)
     ]  # fmt: skip
     assert study.missed_goals(rows) == ["b speed 1.5 (goal >= 2)", "a / b 2 (goal <= 1)"]
+
+
+def test_an_arm_with_a_checkout_runs_from_a_worktree_of_that_revision(tmp_path: Path) -> None:
+    path = study.worktree("HEAD", tmp_path)
+    try:
+        assert (path / "configs" / "tiny.yaml").is_file()
+        assert study.worktree("HEAD", tmp_path) == path  # made once
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)])
+
+
+def test_a_profiled_run_gives_its_groups_and_an_unprofiled_one_nothing(tmp_path: Path) -> None:
+    assert study.profile_record(tmp_path) == {}
+    table = tmp_path / "profile" / "step_60" / "rank_00000.groups.json"
+    table.parent.mkdir(parents=True)
+    table.write_text('{"step_ms": 700.0, "groups_ms": {"matmul": 240.0, "loss": 70.0}}')
+    record = study.profile_record(tmp_path)
+    assert record["profile step ms"] == 700.0 and record["profile matmul ms"] == 240.0
+    assert study.REDUCERS["last"]([record], "profile loss ms", 0.0) == 70.0
