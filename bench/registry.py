@@ -11,15 +11,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from trainer.run_dir import RunDir
-
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "RESULTS.md"
 FULL_WORK = Path(tempfile.gettempdir()) / "paperscale-bench"
 TORCHRUN = ("{python}", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 CPU_RANKS = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-DEBIAN_CORPUS = "corpus/debian-ende"
+# what writes each input a full-size bench may need
+MADE_BY = {
+    "corpus/": "`make bench` fetches it",
+    "data/debian-ende": "`make demo` prepares it",
+    "runs/demo": "`make demo` trains and writes it",
+    ".venv-fairseq": "`make fairseq-venv` installs fairseq beside torch",
+}
 
 
 def _always() -> str | None:
@@ -35,45 +39,27 @@ def _needs_cuda() -> str | None:
     return "no CUDA device (torch.cuda.is_available() is False); `--smoke` runs its CPU path"
 
 
-def _needs_debian_corpus() -> str | None:
-    """Why the data bench cannot run at full size here, or None."""
-    if (ROOT / DEBIAN_CORPUS / "train.en").is_file():
+def needs_paths(*paths: str) -> Callable[[], str | None]:
+    """A `needs` that asks for every path (relative to the repository) to exist."""
+
+    def needs() -> str | None:
+        for path in paths:
+            if not (ROOT / path).exists():
+                made_by = next((m for p, m in MADE_BY.items() if path.startswith(p)), "")
+                return f"{path} is missing ({made_by})"
         return None
-    return (
-        f"{DEBIAN_CORPUS} is missing (`make {DEBIAN_CORPUS}/corpus.json` fetches it; "
-        "`make bench` does first)"
-    )
+
+    return needs
 
 
-DEMO_RUN, DEMO_DATA = "runs/demo", "data/debian-ende"
-FAIRSEQ_PYTHON = ".venv-fairseq/bin/python"
-BY_SOURCE_CORPUS = "corpus/debian-ende-by-source"
-
-
-def _needs_fairseq() -> str | None:
-    """Why the fairseq comparison cannot run at full size here, or None."""
-    if not (ROOT / FAIRSEQ_PYTHON).is_file():
-        return f"{FAIRSEQ_PYTHON} is missing (`make fairseq-venv` installs fairseq beside torch)"
-    for corpus in (DEBIAN_CORPUS, BY_SOURCE_CORPUS):
-        if not (ROOT / corpus / "train.en").is_file():
-            return f"{corpus} is missing (`make bench` fetches it first)"
-    return None
-
-
-def _needs_demo_data() -> str | None:
-    """Why the preemption bench cannot run at full size here, or None."""
-    if (ROOT / DEMO_DATA / "manifest.json").is_file():
-        return None
-    return f"{DEMO_DATA} is missing (`make demo` prepares it)"
-
-
-def _needs_demo_run() -> str | None:
-    """Why the serving engines bench cannot run at full size here, or None."""
-    if (RunDir(ROOT / DEMO_RUN).model / "model.json").is_file() and (
-        ROOT / DEMO_DATA / "manifest.json"
-    ).is_file():
-        return None
-    return f"{DEMO_RUN}/model or {DEMO_DATA} is missing (`make demo` trains and writes them)"
+DEBIAN_CORPUS = needs_paths("corpus/debian-ende/train.en")
+DEMO_DATA = needs_paths("data/debian-ende/manifest.json")
+DEMO_RUN = needs_paths("runs/demo/model/model.json", "data/debian-ende/manifest.json")
+FAIRSEQ = needs_paths(
+    ".venv-fairseq/bin/python",
+    "corpus/debian-ende/train.en",
+    "corpus/debian-ende-by-source/train.en",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,17 +99,6 @@ class Bench:
 STUDIES = ROOT / "configs" / "bench"
 
 
-def _needs_path(path: str) -> Callable[[], str | None]:
-    """A `needs` that asks for `path` (relative to the repository) to exist."""
-
-    def needs() -> str | None:
-        if (ROOT / path).exists():
-            return None
-        return f"{path} is missing (`make demo` or `make bench` writes it)"
-
-    return needs
-
-
 def _studies() -> tuple[Bench, ...]:
     """One bench per study in configs/bench/ (bench/study.py runs it)."""
     from omegaconf import OmegaConf
@@ -142,7 +117,7 @@ def _studies() -> tuple[Bench, ...]:
                 * len(study.arms)
                 * study.get("rounds", 1),
                 smoke_timeout_s=420,
-                needs=_needs_path(study.needs) if "needs" in study else _always,
+                needs=needs_paths(study.needs) if "needs" in study else _always,
             )
         )
     return tuple(out)
@@ -171,7 +146,7 @@ REGISTRY: tuple[Bench, ...] = (
         smoke_args=("--engines-smoke",),
         both=("--threads", "1"),
         timeout_s=3600,
-        needs=_needs_demo_run,
+        needs=DEMO_RUN,
     ),
     Bench(
         "data",
@@ -181,7 +156,7 @@ REGISTRY: tuple[Bench, ...] = (
         full_args=("--corpus", "corpus/debian-ende"),
         both=("--work", "{work}"),
         timeout_s=3600,
-        needs=_needs_debian_corpus,
+        needs=DEBIAN_CORPUS,
     ),
     Bench(
         "checkpoint",
@@ -219,7 +194,7 @@ REGISTRY: tuple[Bench, ...] = (
         env=CPU_RANKS,
         timeout_s=3600,
         smoke_timeout_s=400,
-        needs=_needs_demo_data,
+        needs=DEMO_DATA,
     ),
     Bench(
         "checkpoint_big",
@@ -243,7 +218,7 @@ REGISTRY: tuple[Bench, ...] = (
         "tiny and base presets.",
         ("{python}", "-m", "bench.preemption", "--work", "{work}"),
         env=CPU_RANKS,
-        needs=_needs_demo_data,
+        needs=DEMO_DATA,
     ),
     Bench(
         "zero_memory",
@@ -282,7 +257,7 @@ REGISTRY: tuple[Bench, ...] = (
         env=CPU_RANKS,
         timeout_s=7200,
         smoke_timeout_s=420,
-        needs=_needs_fairseq,
+        needs=FAIRSEQ,
     ),
     Bench(
         "peer_fairseq_speed",
@@ -300,7 +275,7 @@ REGISTRY: tuple[Bench, ...] = (
         env=CPU_RANKS,
         timeout_s=3600,
         smoke_timeout_s=420,
-        needs=_needs_fairseq,
+        needs=FAIRSEQ,
     ),
     Bench(
         "gpu",
