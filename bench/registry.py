@@ -9,7 +9,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -123,6 +123,42 @@ def _studies() -> tuple[Bench, ...]:
     return tuple(out)
 
 
+def _checkpoint(name: str, what: str, preset: str, **kw: Any) -> Bench:
+    """bench/checkpoint.py on a preset, under torchrun on 2 CPU ranks."""
+    return Bench(
+        name,
+        f"Checkpoint size and save / load seconds of {what} on 2 CPU ranks, against "
+        "`paperscale plan`'s estimate.",
+        (*TORCHRUN, "-m", "bench.checkpoint"),
+        full_args=("--config", f"configs/{preset}.yaml"),
+        env=CPU_RANKS,
+        **kw,
+    )
+
+
+def _peer(
+    name: str, about: str, corpora: tuple[str, ...], both: tuple[str, ...], **kw: Any
+) -> Bench:
+    """bench/peer_fairseq.py against fairseq's venv on the Debian corpus (and `corpora`)."""
+    return Bench(
+        name,
+        about,
+        ("{python}", "-m", "bench.peer_fairseq"),
+        full_args=(
+            "--fairseq-python",
+            ".venv-fairseq/bin/python",
+            "--corpus",
+            "corpus/debian-ende",
+            *corpora,
+        ),
+        both=(*both, "--work", "{work}"),
+        env=CPU_RANKS,
+        smoke_timeout_s=420,
+        needs=FAIRSEQ,
+        **kw,
+    )
+
+
 REGISTRY: tuple[Bench, ...] = (
     Bench(
         "decode",
@@ -158,21 +194,11 @@ REGISTRY: tuple[Bench, ...] = (
         timeout_s=3600,
         needs=DEBIAN_CORPUS,
     ),
-    Bench(
-        "checkpoint",
-        "Checkpoint size and save / load seconds of the base model on 2 CPU ranks, against "
-        "`paperscale plan`'s estimate.",
-        (*TORCHRUN, "-m", "bench.checkpoint"),
-        full_args=("--config", "configs/base.yaml"),
-        env=CPU_RANKS,
-    ),
-    Bench(
+    _checkpoint("checkpoint", "the base model", "base"),
+    _checkpoint(
         "checkpoint_tiny",
-        "Checkpoint size, save / load seconds and the background save's stall of the demo "
-        "preset on 2 CPU ranks.",
-        (*TORCHRUN, "-m", "bench.checkpoint"),
-        full_args=("--config", "configs/tiny.yaml"),
-        env=CPU_RANKS,
+        "the demo preset, and the background save's stall,",
+        "tiny",
         timeout_s=900,
     ),
     Bench(
@@ -196,15 +222,7 @@ REGISTRY: tuple[Bench, ...] = (
         smoke_timeout_s=400,
         needs=DEMO_DATA,
     ),
-    Bench(
-        "checkpoint_big",
-        "Checkpoint size and save / load seconds of the big model on 2 CPU ranks, against "
-        "`paperscale plan`'s estimate.",
-        (*TORCHRUN, "-m", "bench.checkpoint"),
-        full_args=("--config", "configs/big.yaml"),
-        smoke_args=("train.zero_stage=1",),
-        env=CPU_RANKS,
-    ),
+    _checkpoint("checkpoint_big", "the big model", "big", smoke_args=("train.zero_stage=1",)),
     Bench(
         "loss_memory",
         "Peak memory of the output projection and loss, forward and backward, at the base "
@@ -239,43 +257,23 @@ REGISTRY: tuple[Bench, ...] = (
         env=CPU_RANKS,
         timeout_s=3600,
     ),
-    Bench(
+    _peer(
         "peer_fairseq",
         "paperscale against fairseq on the demo recipe, same data, model and machine: training "
         "and validation nll, target tokens/s (shuffled and source-ordered input); the same "
         "weights and batches stepped by both; three initialisations.",
-        ("{python}", "-m", "bench.peer_fairseq"),
-        full_args=(
-            "--fairseq-python",
-            ".venv-fairseq/bin/python",
-            "--corpus",
-            "corpus/debian-ende",
-            "--corpus",
-            "corpus/debian-ende-by-source",
-        ),
-        both=("--work", "{work}"),
-        env=CPU_RANKS,
+        ("--corpus", "corpus/debian-ende-by-source"),
+        (),
         timeout_s=7200,
-        smoke_timeout_s=420,
-        needs=FAIRSEQ,
     ),
-    Bench(
+    _peer(
         "peer_fairseq_speed",
         "paperscale (fp32, and in auto's precision) against fairseq (fp32, its only CPU "
         "precision) on the demo recipe, side by side on the same shuffled corpus, model and "
         "batch: target tokens/s and their ratio, training and validation nll at 400 steps.",
-        ("{python}", "-m", "bench.peer_fairseq"),
-        full_args=(
-            "--fairseq-python",
-            ".venv-fairseq/bin/python",
-            "--corpus",
-            "corpus/debian-ende",
-        ),
-        both=("--no-controlled", "--precision", "fp32", "--precision", "auto", "--work", "{work}"),
-        env=CPU_RANKS,
+        (),
+        ("--no-controlled", "--precision", "fp32", "--precision", "auto"),
         timeout_s=3600,
-        smoke_timeout_s=420,
-        needs=FAIRSEQ,
     ),
     Bench(
         "gpu",
