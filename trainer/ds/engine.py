@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import getpass
+import os
 import random
+import tempfile
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,6 +61,21 @@ def adam_kernel(fused: bool) -> dict[str, bool]:
     return {"fused": True} if fused else {}
 
 
+def inductor_cache_for_this_cpu_capability() -> None:
+    """Point inductor's cache at a directory of ATen's CPU capability when ATEN_CPU_CAPABILITY
+    picks one and no cache directory is set.
+
+    torch's cache keys miss that variable: kernels compiled under ATEN_CPU_CAPABILITY=avx2 and
+    loaded by a process without it corrupted the heap (`malloc(): unaligned tcache chunk
+    detected`, exit -6) on torch 2.13, for the same model, on the same machine.
+    """
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        user = getpass.getuser()
+        path = Path(tempfile.gettempdir()) / f"torchinductor_{user}_{capability}"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+
+
 def compile_for_varying_shapes() -> dict[str, Any]:
     """torch.compile's arguments for batches whose size and lengths vary, after turning off
     duck sizing in this process.
@@ -69,6 +88,7 @@ def compile_for_varying_shapes() -> dict[str, Any]:
     """
     import torch.fx.experimental._config as fx_config
 
+    inductor_cache_for_this_cpu_capability()
     fx_config.use_duck_shape = False
     return {"dynamic": True}
 
