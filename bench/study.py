@@ -105,10 +105,16 @@ def load_study(path: Path, smoke: bool) -> Any:
     for fig in study.figures:
         if fig.get("reduce", "mean") not in REDUCERS:
             raise ValueError(f"{path}: unknown reduce {fig.reduce!r}; known: {sorted(REDUCERS)}")
+    names = {fig.name for fig in study.figures}
     for cmp in study.get("compare", []):
-        if cmp.op not in COMPARISONS or any(a not in study.arms for a in cmp.arms):
-            raise ValueError(f"{path}: comparison {cmp.name!r} needs an op in "
-                             f"{sorted(COMPARISONS)} and two of its arms")  # fmt: skip
+        arms_ok = len(cmp.arms) == 2 and all(a in study.arms for a in cmp.arms)
+        if cmp.op not in COMPARISONS or cmp.figure not in names or not arms_ok:
+            ops = sorted(COMPARISONS)
+            raise ValueError(f"{path}: comparison {cmp.name!r} needs an op in {ops}, one of its "
+                             "figures and two of its arms")  # fmt: skip
+    for item in [*study.figures, *study.get("compare", [])]:
+        if "goal" in item and str(item.goal).split()[0] not in GOALS:
+            raise ValueError(f"{path}: goal {item.goal!r} of {item.name!r}: '>= N' or '<= N'")
     train = list(study.get("train", []))
     if smoke:
         small = study.get("smoke", {})

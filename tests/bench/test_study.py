@@ -47,6 +47,13 @@ def test_a_study_without_arms_or_with_an_unknown_reduce_is_refused(tmp_path: Pat
     with pytest.raises(ValueError, match="unknown reduce 'fastest'"):
         study.load_study(bad, smoke=False)
     assert study.main([str(bad), "--work", str(tmp_path / "w")]) == 2
+    bad.write_text(
+        "config: configs/tiny.yaml\ndata: {synthetic: 10}\narms: {a: {}, b: {}}\n"
+        "figures: [{name: x, reduce: mean, unit: s}]\n"
+        "compare: [{name: a / b, figure: y, op: ratio, arms: [a, b]}]\n"
+    )
+    with pytest.raises(ValueError, match="one of its figures and two of its arms"):
+        study.load_study(bad, smoke=False)  # a typo found before hours of runs
 
 
 @pytest.mark.parametrize(
