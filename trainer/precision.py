@@ -96,15 +96,16 @@ def cpu_has_native_bf16(capabilities: Mapping[str, object] | None = None) -> boo
     return any(bool(v) for k, v in caps.items() if k in ("bf16", "sve_bf16", "arm_bf16"))
 
 
-def _best_seconds(fn: Callable[[], object], reps: int, budget_s: float) -> float:
-    """Best wall time of up to `reps` calls of `fn`, stopping early once `budget_s` is spent."""
+def _best_seconds(fn: Callable[[], object], reps: int, budget_s: float, min_reps: int = 1) -> float:
+    """Best wall time of up to `reps` calls of `fn`, stopping early once `budget_s` is spent
+    and at least `min_reps` calls are made."""
     best = float("inf")
     start = time.perf_counter()
-    for _ in range(reps):
+    for i in range(reps):
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
-        if time.perf_counter() - start >= budget_s:
+        if i + 1 >= min_reps and time.perf_counter() - start >= budget_s:
             break
     return best
 
@@ -114,7 +115,9 @@ def bf16_slowdown(d_model: int, d_ff: int, rows: int = PROBE_ROWS, budget_s: flo
     shape (rows, d_model) @ (d_model, d_ff); < 1 means bf16 is faster.
 
     Each side is warmed up once and timed as the best of a few calls; the bf16 side stops after
-    one timed call when it is slow (emulated bf16 takes ~1 s for the big model's shape).
+    two timed calls when it is slow (emulated bf16 takes ~1 s for the big model's shape), the
+    fp32 side, the fast one, after three. One call stalled by another process (the ranks probe
+    at the same time) must not decide the ratio: alone, it made bf16 look 390 times faster.
     """
     import torch
 
@@ -123,8 +126,8 @@ def bf16_slowdown(d_model: int, d_ff: int, rows: int = PROBE_ROWS, budget_s: flo
     b = torch.randn(k, n)
     a16, b16 = a.bfloat16(), b.bfloat16()
     torch.mm(a, b), torch.mm(a16, b16)  # warm-up: first-call allocations, kernel choice
-    fp32 = _best_seconds(lambda: torch.mm(a, b), reps=5, budget_s=budget_s / 4)
-    bf16 = _best_seconds(lambda: torch.mm(a16, b16), reps=5, budget_s=budget_s)
+    fp32 = _best_seconds(lambda: torch.mm(a, b), reps=5, budget_s=budget_s / 4, min_reps=3)
+    bf16 = _best_seconds(lambda: torch.mm(a16, b16), reps=5, budget_s=budget_s, min_reps=2)
     return bf16 / fp32
 
 

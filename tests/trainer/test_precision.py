@@ -150,3 +150,20 @@ def test_fp16_checkpoint_cannot_resume_without_a_gpu() -> None:
 def test_explicit_precision_is_taken_as_given() -> None:
     choice = resolve_precision("bf16", "cpu", 256, 1024, choose=lambda: FP32_HERE)
     assert choice.precision == "bf16"
+
+
+def test_one_stalled_call_does_not_decide_the_probe() -> None:
+    """A first call stalled past the budget (another process had the core) ends a one-call
+    timing with the stall; with min_reps the later, unstalled calls give the time."""
+    import time
+
+    from trainer.precision import _best_seconds
+
+    def stalled_once() -> object:
+        calls.append(None)
+        return time.sleep(0.2 if len(calls) == 1 else 0.0)
+
+    calls: list[None] = []
+    assert _best_seconds(stalled_once, reps=5, budget_s=0.01) >= 0.2
+    calls = []
+    assert _best_seconds(stalled_once, reps=5, budget_s=0.01, min_reps=3) < 0.1
