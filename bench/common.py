@@ -100,6 +100,8 @@ def settle_precision(job: Any, env: Any, model_cfg: Any) -> Any:
 ROOT = Path(__file__).resolve().parents[1]
 # CPU ranks of a multi-process bench: one thread each, DeepSpeed's CPU accelerator
 CPU_ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_SILENT": "true"}
+# `paperscale` as the benches run it: this interpreter, the checkout's CLI
+CLI = (sys.executable, "-m", "launch.cli")
 # a training run that writes only metrics.jsonl (and its summary) besides checkpoints
 QUIET_SINKS = ("logging.wandb=disabled", "logging.tensorboard=false", "logging.report=false")
 
@@ -162,7 +164,7 @@ def train_run(
 
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [
-        sys.executable, "-m", "launch.cli", "train", "--config", str(config),
+        *CLI, "train", "--config", str(config),
         "--nproc", str(nproc), "--run-dir", str(run_dir), *QUIET_SINKS, *overrides,
     ]  # fmt: skip
     seconds = run_command(cmd, log, {**CPU_ENV, **(env or {})}, timeout, cwd)
@@ -181,8 +183,7 @@ def prepare_synthetic(
     base = work / "-".join(["synthetic", str(pairs), *(a.strip("-") for a in corpus_args)])
     data = base / "data"
     if not (data / "manifest.json").is_file():
-        cli = [sys.executable, "-m", "launch.cli"]
         corpus = base / "corpus"
-        run_command([*cli, "corpus", "synthetic", str(corpus), "--train", str(pairs), *corpus_args])
-        run_command([*cli, "prepare", str(corpus), str(data), *prepare_args])
+        run_command([*CLI, "corpus", "synthetic", str(corpus), "--train", str(pairs), *corpus_args])
+        run_command([*CLI, "prepare", str(corpus), str(data), *prepare_args])
     return data

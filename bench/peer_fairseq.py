@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from bench.common import Row, add_output_arguments, row, run_command, train_run, write_rows
+from bench.common import CLI, Row, add_output_arguments, row, run_command, train_run, write_rows
 from bench.peer_fairseq_recipe import (
     FAIRSEQ_SPECIAL,
     bare_loop,
@@ -134,7 +134,7 @@ def side_by_side(args: argparse.Namespace, corpus: Path, work: Path) -> list[Row
     comparisons of paperscale's against fairseq's."""
     data = work / "data"
     vocab = ["--vocab-size", str(SMOKE_VOCAB)] if args.smoke else ["--config", args.config]
-    cmd = [sys.executable, "-m", "launch.cli", "prepare", str(corpus), str(data), *vocab,
+    cmd = [*CLI, "prepare", str(corpus), str(data), *vocab,
            "--workers", "2"]  # fmt: skip
     run_command(cmd, work / "prepare.log")
     job, overrides = load_job(args, data)
@@ -280,7 +280,7 @@ def smoke_corpus(work: Path) -> Path:
     """The synthetic corpus of --smoke under `work` (written once)."""
     corpus = work / "synthetic"
     if not (corpus / "train.en").is_file():
-        cmd = [sys.executable, "-m", "launch.cli", "corpus", "synthetic", str(corpus),
+        cmd = [*CLI, "corpus", "synthetic", str(corpus),
                "--train", "2000", "--valid", "64", "--test", "64"]  # fmt: skip
         run_command(cmd, work / "corpus.log")
     return corpus

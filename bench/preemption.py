@@ -29,7 +29,15 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import ROOT, SMOKE_MODEL, add_output_arguments, prepare_synthetic, row, write_rows
+from bench.common import (
+    CLI,
+    ROOT,
+    SMOKE_MODEL,
+    add_output_arguments,
+    prepare_synthetic,
+    row,
+    write_rows,
+)
 from data_pipeline.manifest import read_manifest
 from trainer.metrics import read_metrics
 from trainer.run_dir import RunDir, tag_for
@@ -51,7 +59,7 @@ def preempt(name: str, config: str, data: Path, run_dir: Path, args: argparse.Na
     """One run TERMed after `args.after` logged steps; what happened, in seconds."""
     run = RunDir(run_dir)
     cmd = [
-        sys.executable, "-m", "launch.cli", "train", "--config", config, "--nproc", "2",
+        *CLI, "train", "--config", config, "--nproc", "2",
         "--run-dir", str(run_dir), f"data.dir={data}",
         f"data.vocab_size={read_manifest(data)['vocab_size']}",  # a preset's own may differ
         "data.max_tokens=1536",

@@ -34,6 +34,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from bench.common import (
+    CLI,
     ROOT,
     SMOKE_MODEL,
     Row,
@@ -46,7 +47,6 @@ from bench.common import (
 )
 
 Records = list[dict[str, Any]]
-CLI = (sys.executable, "-m", "launch.cli")
 
 
 def _logged(records: Records, metric: str) -> list[float]:
