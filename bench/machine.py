@@ -5,29 +5,11 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 from collections.abc import Mapping
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
-
-def cpu_model() -> str:
-    """The CPU's model name, from lscpu, else /proc/cpuinfo, else the platform module."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.strip().startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+from launch.cost_model.speed import cpu_model
 
 
 def _version(package: str) -> str:

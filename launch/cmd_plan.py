@@ -1,12 +1,14 @@
 """`paperscale plan`: the arguments checked, the device's speed (measured or assumed), the plan
 made (launch/cost_model/plan.py) and printed (launch/cost_model/table.py) with the config's own
 batch, the time to a BLEU (launch/cost_model/quality.py) and the checkpoint's size
-(launch/cost_model/save.py)."""
+(launch/cost_model/save.py). `paperscale calibrate`: this machine's speed measured
+(launch/cost_model/calibrate.py) into the file `plan --calibration` reads."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launch.usage import UsageError
@@ -249,3 +251,43 @@ def checkpoint_figures(
         "grace_s": job.train.stop_grace_s,
         "fits_grace": fits_grace(save.seconds, job.train.stop_grace_s),
     }
+
+
+def calibration_tokens(args: argparse.Namespace) -> list[int] | None:
+    """`calibrate`'s micro-batch sizes, after checking its numbers (UsageError naming one)."""
+    if args.steps < 1 or args.seq_len < 1:
+        raise UsageError(f"--steps and --seq-len must be >= 1, got {args.steps}, {args.seq_len}")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: torch sees no CUDA device here")
+    if not args.tokens:
+        return None
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        tokens = []
+    if not tokens or min(tokens) < 1:
+        raise UsageError(f"--tokens must be positive whole numbers (768,1536), got {args.tokens}")
+    return tokens
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measure this machine's step model, print it, and write the calibration file."""
+    from launch.config import load_config
+    from launch.cost_model.calibrate import describe, measure
+    from trainer.run_dir import write_atomic
+
+    tokens = calibration_tokens(args)
+    load_config(args.config, args.overrides)  # a bad config is one line before any engine
+    cal = measure(
+        args.config, args.overrides, tokens=tokens, steps=args.steps, seq_len=args.seq_len,
+        device=args.device, clock=args.clock, log=lambda line: print(line, flush=True),
+    )  # fmt: skip
+    print(describe(cal))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(args.out), json.dumps(cal, indent=1) + "\n")
+        print(f"calibration      {args.out}")
+    return 0

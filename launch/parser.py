@@ -7,7 +7,7 @@ import argparse
 from launch.cmd_data import cmd_corpus, cmd_prepare
 from launch.cmd_info import cmd_report, cmd_status
 from launch.cmd_model import cmd_evaluate, cmd_export, cmd_translate
-from launch.cmd_plan import cmd_plan
+from launch.cmd_plan import cmd_calibrate, cmd_plan
 from launch.cmd_train import cmd_submit, cmd_train
 from serve.formats import QUANTIZATIONS
 
@@ -259,12 +259,44 @@ def add_plan(sub: Subparsers) -> None:
     plan.set_defaults(func=cmd_plan)
 
 
+def add_calibrate(sub: Subparsers) -> None:
+    """`calibrate --config FILE [--out FILE]`: this machine's speed for `plan --calibration`."""
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure one rank's training speed here, for `plan --calibration`",
+        description="Steps the trainer's own engine on the config's model in one process (a "
+        "world of one) at several micro-batch sizes and once with two micro-batches, fits the "
+        "plan's step model (overhead per step + per micro-batch + tokens / rate), times the "
+        "config's own batch as a check, and writes the file `plan --calibration` reads. Run it "
+        "with the threads a rank gets (OMP_NUM_THREADS=1 for CPU ranks).",
+    )
+    cal.add_argument("--config", required=True, help="YAML preset, e.g. configs/tiny.yaml")
+    cal.add_argument("--out", help="the calibration file to write (default: print only)")
+    cal.add_argument(
+        "--tokens",
+        help="comma-separated micro-batch sizes to fit (default: the config's data.max_tokens "
+        "/ 2, x 1, x 2)",
+    )
+    cal.add_argument("--steps", type=int, default=5, help="timed steps per point (5)")
+    cal.add_argument("--seq-len", type=int, default=32, help="tokens per sentence (32)")
+    cal.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    cal.add_argument(
+        "--clock",
+        choices=["auto", "wall", "cpu"],
+        default="auto",
+        help="a step's time: wall seconds, or this process's CPU seconds (auto: CPU seconds on "
+        "a one-thread CPU rank, which other processes on the machine do not inflate)",
+    )
+    cal.add_argument("overrides", nargs="*", metavar="key=value")
+    cal.set_defaults(func=cmd_calibrate)
+
+
 def add_plan_speed(plan: argparse.ArgumentParser) -> None:
     """`plan`'s step time, time to BLEU and save time: measured or assumed figures."""
     plan.add_argument(
         "--calibration",
         metavar="FILE",
-        help="this machine's measured speed (python -m bench.plan_calibration --out FILE)",
+        help="this machine's measured speed (`paperscale calibrate --out FILE` writes it)",
     )
     plan.add_argument("--mfu", type=float, help="assumed MFU of a device not measured (0.4)")
     plan.add_argument(
@@ -308,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
         add_corpus, add_prepare, add_train, add_decode, add_export, add_submit, add_status,
-        add_report, add_plan,
+        add_report, add_plan, add_calibrate,
     ):  # fmt: skip
         add(sub)
     return p

@@ -1,5 +1,5 @@
 """How fast a rank computes a training step, for `paperscale plan`: measured on this machine (a
-calibration file written by `python -m bench.plan_calibration --out FILE`) or assumed for a
+calibration file written by `paperscale calibrate --out FILE`) or assumed for a
 device that was not measured.
 
 The step time model:
@@ -11,7 +11,7 @@ where `rate` is one rank's effective rate on the model's matmuls (peak x MFU) an
 the time that does not grow with the tokens: per optimizer step (the optimizer, the gradient
 reduction) and per micro-batch (kernel launches, elementwise work, the loss's (V, d) projection
 gradient). The calibration measures all three on the machine at hand from steps of one and two
-micro-batches of several sizes (bench/plan_calibration.py); one process, so without the
+micro-batches of several sizes (launch/cost_model/calibrate.py); one process, so without the
 gradient reduction between ranks.
 
 For a GPU nobody measured here the rate is its peak (trainer/flops.py's table, or
@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 import math
+import platform
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,7 @@ CALIBRATION_FORMAT = 1  # bumped when the file's meaning changes
 
 @dataclass(frozen=True)
 class Calibration:
-    """What bench/plan_calibration.py measured on one machine (one rank's process)."""
+    """What `paperscale calibrate` measured on one machine (one rank's process)."""
 
     path: str
     device: str  # cpu | cuda
@@ -96,7 +98,7 @@ def load_calibration(path: str | Path) -> Calibration:
     if not isinstance(raw, dict) or raw.get("format") != CALIBRATION_FORMAT:
         raise ValueError(
             f"{name}: not a calibration of format {CALIBRATION_FORMAT} "
-            "(python -m bench.plan_calibration --out FILE writes one)"
+            "(paperscale calibrate --out FILE writes one)"
         )
     if raw.get("device") not in ("cpu", "cuda") or raw.get("precision") not in (
         "bf16",
@@ -206,3 +208,21 @@ def calibration_applies(cal: Calibration, gpu_key: str | None, precision: str) -
     if precision not in ("auto", cal.precision):
         return f"the calibration {cal.path} measured {cal.precision}, not {precision}"
     return ""
+
+
+def cpu_model() -> str:
+    """The CPU's model name, from lscpu, else /proc/cpuinfo, else the platform module."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.strip().startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"

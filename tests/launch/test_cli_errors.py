@@ -106,8 +106,33 @@ def test_translate_rejects_non_model_dir(tmp_path: Path) -> None:
     assert "export dir" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("sub", ["corpus", "prepare", "train", "translate", "evaluate", "plan"])
+@pytest.mark.parametrize(
+    "sub", ["corpus", "prepare", "train", "translate", "evaluate", "plan", "calibrate"]
+)
 def test_every_subcommand_has_help(tmp_path: Path, sub: str) -> None:
     proc = run_cli(sub, "--help", cwd=tmp_path)
     assert proc.returncode == 0
     assert "usage: paperscale" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--tokens", "0,256"], "--tokens"),
+        (["--tokens", "many"], "--tokens"),
+        (["--steps", "0"], "--steps"),
+        (["--device", "cuda"], "--device cuda"),  # no GPU here
+        (["model.d_model=0"], "model.d_model"),
+    ],
+)
+def test_calibrate_rejects_bad_input_before_any_engine(
+    tmp_path: Path, args: list[str], named: str
+) -> None:
+    out = tmp_path / "cal.json"
+    proc = run_cli(
+        "calibrate", "--config", str(ROOT / "configs/tiny.yaml"), "--out", str(out), *args,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and named in proc.stderr
+    assert not out.exists()
