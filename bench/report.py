@@ -5,7 +5,6 @@ did not run this time."""
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ on the machine is a row saying why. `python -m bench.suite --only NAME` reruns o
 replaces its table, keeping the others.
 """
 TABLE_HEAD = ["| figure | value | unit | details |", "|---|---:|---|---|"]
-OLD_TABLE_HEAD = "| figure | value | unit | details | command | date (UTC) | machine |"
 
 
 def format_value(value: float) -> str:
@@ -76,27 +74,6 @@ def render_section(outcome: Outcome, bench: Bench | None, machine: Mapping[str, 
     return "\n".join(lines) + "\n"
 
 
-def compact_section(section: str) -> str:
-    """A section written before tables stated their command, date and machine once (each row
-    repeated them in three more cells): the same figures in today's layout."""
-    lines = section.splitlines()
-    if OLD_TABLE_HEAD not in lines:
-        return section
-    head = lines.index(OLD_TABLE_HEAD)
-    rows = [line for line in lines[head + 2 :] if line.startswith("| ")]
-    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))] for row in rows]
-    intro = [line for line in lines[:head] if line.strip()]  # heading, about, when and what
-    heading, about = intro[0], intro[1:2]
-    when, _, versions = (intro[2] if len(intro) > 2 else "").partition("; ")
-    out = [heading, "", *about, ""] if about else [heading, ""]
-    if cells and len(cells[0]) >= 7:
-        where = f"{cells[0][6]}; {versions.rstrip('.')}" if versions else cells[0][6]
-        out += [f"Command: {cells[0][4]}  ", f"Machine: {where}  ", f"Date: {when}", ""]
-    out += TABLE_HEAD
-    out += [f"| {' | '.join(c[:4])} |" for c in cells]
-    return "\n".join(out) + "\n"
-
-
 def split_sections(text: str) -> dict[str, str]:
     """The `## name` sections of an existing RESULTS.md, by name (each with its heading)."""
     sections: dict[str, str] = {}
@@ -114,7 +91,7 @@ def render_results(
     new = {o.name: render_section(o, find(o.name), machine) for o in outcomes}
     old = split_sections(previous)
     order = names() + [n for n in new if find(n) is None]
-    parts = [new.get(name) or compact_section(old.get(name) or "") for name in order]
+    parts = [new.get(name) or old.get(name) or "" for name in order]
     return HEADER + "".join("\n" + p for p in parts if p)
 
 
