@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from tests.integration.conftest import TINY_MODEL, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 FORCED = {"1": "PAPERSCALE_CPU_BF16=1 forces native bf16", "0": "PAPERSCALE_CPU_BF16=0 forces"}
 PICKS = {"1": "bf16", "0": "fp32"}
@@ -72,6 +72,7 @@ DEMO_MODEL = [  # configs/tiny.yaml's model: d_model 256, 3 + 3 layers, not a to
 ]  # fmt: skip
 
 
+@pytest.mark.serial  # MFU is a speed: measured alone
 def test_mfu_lies_in_0_1_at_the_demo_model_size(synthetic_data: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = paperscale(

@@ -1,4 +1,4 @@
-"""Resume exactness: 2N steps straight equal N steps + resume + N steps, per step, bitwise in fp32.
+"""Resume exactness: 2N steps straight equal N steps + resume + N steps, per step, bitwise.
 
 2 ranks, ZeRO 2, gradient accumulation 2, dropout on, the real torchrun + DeepSpeed path.
 """
@@ -33,7 +33,9 @@ def train(run_dir: Path, data: Path, max_steps: int, precision: str, cwd: Path) 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+# fp32 here; bf16 resumes are held bitwise to a straight run by the fault tests
+# (tests/integration/faults/test_kill_restart.py: ZeRO 2, dropout, both precisions).
+@pytest.mark.parametrize("precision", ["fp32"])
 def test_resume_twice_matches_straight_run(
     synthetic_data: Path, tmp_path: Path, precision: str
 ) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.conftest import ROOT, TINY_MODEL, cli_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 CANARIES = {"WANDB_API_KEY": "canary-wandb-4f1c9e", "MY_SECRET_TOKEN": "canary2-77ab03"}
 LOGGED = {

@@ -38,15 +38,14 @@ def weights(export_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(export_dir / "model.safetensors"))
 
 
-def test_stage3_trains_and_resumes_exactly(synthetic_data: Path, tmp_path: Path) -> None:
-    z2, z3, z3r = tmp_path / "z2", tmp_path / "z3", tmp_path / "z3r"
-    train(z2, synthetic_data, 2, 4, tmp_path)
+def test_stage3_resumes_exactly(synthetic_data: Path, tmp_path: Path) -> None:
+    """That stage 3 trains as stages 0 and 2 do is the next test's (the same weights)."""
+    z3, z3r = tmp_path / "z3", tmp_path / "z3r"
     train(z3, synthetic_data, 3, 4, tmp_path)
     train(z3r, synthetic_data, 3, 2, tmp_path)
     train(z3r, synthetic_data, 3, 4, tmp_path)  # resumed at step 2
 
-    assert losses(z3) == losses(z3r)  # stage 3 resume is exact
-    assert losses(z2) == pytest.approx(losses(z3), rel=1e-5)
+    assert len(losses(z3)) == 4 and losses(z3) == losses(z3r)  # stage 3 resume is exact
 
 
 def initial_weights() -> dict[str, torch.Tensor]:
