@@ -31,8 +31,6 @@ each engine's sentences/s and BLEU with --engines) as rows for bench/suite.py.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,6 +40,7 @@ from typing import Any
 import torch
 
 from bench.common import Row, add_output_arguments, row, write_rows
+from bench.machine import describe_machine, machine_info
 from data_pipeline.manifest import TOKENIZER_NAME
 from model.config import EOS_ID, PAD_ID, ModelConfig
 from model.search import beam_search, greedy_search
@@ -192,18 +191,6 @@ def run_mixed(model: Transformer, args: argparse.Namespace) -> list[Row]:
     return out
 
 
-def machine_line() -> str:
-    """CPU model, cores and whether it computes bf16 natively (what the figures depend on)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    names = [line.split(":", 1)[1].strip() for line in info.splitlines() if "model name" in line]
-    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
-    bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
-    return (
-        f"machine: {names[0] if names else platform.processor()}, {os.cpu_count()} cores, "
-        f"native bf16: {'yes' if bf16 else 'no'}, {torch.get_num_threads()} threads"
-    )
-
-
 def serving_exports(ours: Path, tmp: Path) -> list[tuple[str, Path]]:
     """Our export plus its Transformers and CTranslate2 (fp32, int8) exports under `tmp`."""
     from serve.export_ct2 import export_ct2
@@ -228,7 +215,7 @@ def run_engines(args: argparse.Namespace, ours: Path, data: Path) -> list[Row]:
     sources, refs = read_split_text(data, args.split)
     if args.limit:
         sources, refs = sources[: args.limit], refs[: args.limit]
-    print(machine_line())
+    print(f"machine: {describe_machine(machine_info())}, {torch.get_num_threads()} threads")
     print(
         f"{len(sources)} sentences of {data} {args.split}, beam {args.beam}, "
         f"length penalty {args.lenpen}; model {ours}"
