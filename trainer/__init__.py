@@ -26,5 +26,26 @@ def use_venv_ninja() -> None:
         os.environ["PATH"] = os.pathsep.join(filter(None, [venv_bin, path]))
 
 
+def inductor_cache_for_this_cpu_capability() -> None:
+    """Point inductor's cache at a directory of ATen's CPU capability when ATEN_CPU_CAPABILITY
+    picks one and no cache directory is set.
+
+    torch's cache keys miss that variable: kernels compiled under ATEN_CPU_CAPABILITY=avx2 and
+    loaded by a process without it corrupted the heap (`malloc(): unaligned tcache chunk
+    detected`, exit -6) on torch 2.13, for the same model, on the same machine. Called when
+    `trainer` is imported: the first use of inductor's cache (DeepSpeed's engine can make it
+    before the model is compiled) fixes its directory, writing the default into the variable.
+    """
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        import getpass
+        import tempfile
+
+        user = getpass.getuser()
+        path = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}_{capability}")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+
+
 use_venv_extensions_dir()
 use_venv_ninja()
+inductor_cache_for_this_cpu_capability()

@@ -311,7 +311,7 @@ def saved_and_predicted(
     import torch
 
     from model.transformer import Transformer
-    from trainer.ds.engine import inductor_cache_for_this_cpu_capability
+    from trainer import inductor_cache_for_this_cpu_capability
 
     cfg = ModelConfig(
         vocab_size=vocab, d_model=d, d_ff=f, n_heads=heads, encoder_layers=layers,

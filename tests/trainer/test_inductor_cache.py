@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import ROOT, cli_env
-from trainer.ds.engine import inductor_cache_for_this_cpu_capability
+from trainer import inductor_cache_for_this_cpu_capability
 
 # a compiled bf16 -> fp32 log_softmax, through the trainer's cache choice; its result and eager's
 COMPILED = """
 import torch
-from trainer.ds.engine import inductor_cache_for_this_cpu_capability
+from trainer import inductor_cache_for_this_cpu_capability
 inductor_cache_for_this_cpu_capability()
 torch.manual_seed(0)
 x = torch.randn(64, 32, dtype=torch.bfloat16)

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import getpass
-import os
 import random
-import tempfile
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -16,6 +12,7 @@ from data_pipeline.config import DataConfig
 from data_pipeline.tokenizer import Tokenizer
 from model.config import ModelConfig
 from model.transformer import Transformer
+from trainer import inductor_cache_for_this_cpu_capability
 from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfig
 from trainer.dist import DistEnv
 from trainer.ds.config import build_ds_config
@@ -59,21 +56,6 @@ def adam_kernel(fused: bool) -> dict[str, bool]:
     pass over each parameter instead of a dozen, and one launch for all of them on a GPU), or
     its per-tensor loop."""
     return {"fused": True} if fused else {}
-
-
-def inductor_cache_for_this_cpu_capability() -> None:
-    """Point inductor's cache at a directory of ATen's CPU capability when ATEN_CPU_CAPABILITY
-    picks one and no cache directory is set.
-
-    torch's cache keys miss that variable: kernels compiled under ATEN_CPU_CAPABILITY=avx2 and
-    loaded by a process without it corrupted the heap (`malloc(): unaligned tcache chunk
-    detected`, exit -6) on torch 2.13, for the same model, on the same machine.
-    """
-    capability = os.environ.get("ATEN_CPU_CAPABILITY")
-    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        user = getpass.getuser()
-        path = Path(tempfile.gettempdir()) / f"torchinductor_{user}_{capability}"
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
 
 
 def compile_for_varying_shapes() -> dict[str, Any]:
