@@ -1,8 +1,6 @@
 """SDPA kernels side by side: forward + backward milliseconds of each kernel torch has for this
 device, at the attention shapes a preset trains with, in each precision the machine trains in.
 
-    .venv/bin/python -m bench.attention [--config configs/tiny.yaml] [--smoke] [--json PATH]
-
 Shapes: the preset's heads and head size; rows B = data.max_tokens / T for sentence lengths T
 of 24, 64 and 128 tokens; the three forms the model computes (decoder self-attention by
 is_causal, padded keys as in the encoder and the cross-attention, no mask). One thread, as each
@@ -12,13 +10,12 @@ behind trainer/kernels.py's rule for `train.attention: auto`.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 
 import torch
 
-from bench.common import Row, add_output_arguments, row, write_rows
+from bench.common import Row, row
 from launch.config import load_config
 from model.attention import attention, build_attn_mask
 from trainer.kernels import sdpa_backends
@@ -75,7 +72,8 @@ def time_ms(run: Callable[[], None], device: torch.device, repeats: int) -> floa
     return 1000 * best
 
 
-def measure(config: str, smoke: bool) -> list[Row]:
+def measure(config: str = "configs/tiny.yaml", smoke: bool = False) -> list[Row]:
+    """Every kernel in every case (smoke: one length of 16, two repeats)."""
     job = load_config(config, [])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(1)
@@ -104,18 +102,3 @@ def measure(config: str, smoke: bool) -> list[Row]:
                     label = f"{precision} {form} T={t}, flash / math"
                     rows.append(row(label, times["flash"] / times["math"], "x", **ctx))
     return rows
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    add_output_arguments(parser, "one length, two repeats")
-    args = parser.parse_args()
-    rows = measure(args.config, args.smoke)
-    for r in rows:
-        print(f"{r['figure']:<40} {r['value']:8.2f} {r['unit']}")
-    write_rows(args.json, rows)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,31 +1,21 @@
 """Checkpoint size and save / load time of a preset (default: the paper's base model), against
 `paperscale plan`'s estimate of both (launch/cost_model/save.py).
 
-Run under torchrun so every rank writes its ZeRO partition, e.g.
-
-    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python -m torch.distributed.run \\
-        --standalone --nproc_per_node=2 -m bench.checkpoint --config configs/base.yaml
-
-One optimizer step on random tokens fills the Adam moments, then the real save path
-(trainer.checkpoint.manager.CheckpointManager.save: DeepSpeed files, per-rank state, `latest`
-last) is timed, and the restore path after it. Then background saves (train.async_save) and
-synchronous ones alternate: the stall (until `save` returns, the state copied to host memory)
-and the time until the checkpoint is published, against a synchronous save, best of each
-(from the second background save on, the host buffers are those of the one before, as in a run).
-The engine is in the precision a training run would pick on this machine (`train.precision:
-auto` settled as the trainer settles it), which sets the bytes per parameter.
-
-`--smoke` takes the tiny preset at d_model 32 and vocabulary 64 (seconds); `--json PATH` writes
-the size, bytes per parameter and save / load seconds as rows for bench/suite.py.
+Runs under torchrun, so that every rank writes its ZeRO partition. One optimizer step on random
+tokens fills the Adam moments, then the real save path (CheckpointManager.save: DeepSpeed files,
+per-rank state, `latest` last) is timed, and the restore after it. Then background saves
+(train.async_save) and synchronous ones alternate: the stall (until `save` returns, the state
+copied to host memory) and the time until the checkpoint is published, against a synchronous
+save, best of each (from the second background save on, the host buffers are those of the one
+before, as in a run). The engine is in the precision a training run would pick on this machine
+(`train.precision: auto` settled as the trainer settles it), which sets the bytes per parameter.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import shutil
-import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.common import SMOKE_MODEL, add_output_arguments, row, settle_precision, write_rows
+from bench.common import Row, row, settle_precision
 from launch.config import load_config
 from launch.cost_model.save import save_plan
 from model.config import ModelConfig
@@ -56,20 +46,6 @@ class SaveTimes:
     sync: float  # a synchronous save, best of the side by side
 
 
-def parse_args() -> argparse.Namespace:
-    """The command line; --smoke replaces the preset by the tiny one at the smoke size."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/base.yaml")
-    parser.add_argument("--dir", help="where to write (default: a temporary directory)")
-    parser.add_argument("overrides", nargs="*")
-    add_output_arguments(parser, "configs/tiny.yaml at d_model 32, 1+1 layers, vocabulary 64")
-    args = parser.parse_args()
-    if args.smoke:
-        args.config = "configs/tiny.yaml"
-        args.overrides = [*SMOKE_MODEL, "data.vocab_size=64", *args.overrides]
-    return args
-
-
 def trained_engine(job: Any, model_cfg: ModelConfig, env: Any, vocab: int) -> Any:
     """The preset's engine after one optimizer step on random tokens (Adam's moments filled)."""
     torch.manual_seed(job.train.seed)
@@ -83,7 +59,7 @@ def trained_engine(job: Any, model_cfg: ModelConfig, env: Any, vocab: int) -> An
     return engine
 
 
-def time_saves(manager: CheckpointManager, smoke: bool) -> tuple[str, SaveTimes]:
+def time_saves(manager: CheckpointManager, rounds: int) -> tuple[str, SaveTimes]:
     """A synchronous save, then background and synchronous saves in turn, then the restore of
     the last; the tag restored and the times (every rank waits for the others around each)."""
     dist.barrier()
@@ -91,7 +67,7 @@ def time_saves(manager: CheckpointManager, smoke: bool) -> tuple[str, SaveTimes]
     tag = manager.save(1)
     saved = time.perf_counter() - start
     stalls, totals, syncs = [], [], [saved]
-    for i in range(1 if smoke else 3):  # side by side: background, then synchronous
+    for i in range(rounds):  # side by side: background, then synchronous
         dist.barrier()
         start = time.perf_counter()
         manager.save(2 + 2 * i, background=True)
@@ -110,61 +86,45 @@ def time_saves(manager: CheckpointManager, smoke: bool) -> tuple[str, SaveTimes]
     return tag, SaveTimes(saved, loaded, stall, total, sync)
 
 
-def report(
-    args: argparse.Namespace, job: Any, env: Any, engine: Any, tag_dir: Path, vocab: int,
-    t: SaveTimes,
-) -> None:  # fmt: skip
-    """Print the checkpoint in `tag_dir`, its times and the plan's estimate; write the rows."""
+def checkpoint_rows(
+    config: str, job: Any, env: Any, engine: Any, tag_dir: Path, t: SaveTimes
+) -> list[Row]:
+    """The checkpoint in `tag_dir`, its times, and what `paperscale plan` estimates for it (one
+    node holding every rank)."""
     files = [p for p in tag_dir.rglob("*") if p.is_file()]
     size = sum(p.stat().st_size for p in files)
     params = sum(p.numel() for p in engine.module.parameters())
-    print(f"config            {args.config}  (vocab {vocab}, {params:,} parameters)")
-    print(f"ranks / ZeRO      {env.world_size} / stage {job.train.zero_stage}, "
-          f"{job.train.precision}")  # fmt: skip
-    print(f"checkpoint size   {size / 2**20:,.0f} MiB in {len(files)} files "
-          f"({size / params:.1f} bytes per parameter)")  # fmt: skip
-    print(f"save              {t.saved:.1f} s ({size / 2**20 / t.saved:,.0f} MiB/s)")
-    print(f"load              {t.loaded:.1f} s")
-    print(f"async save        {t.stall:.2f} s stall (state copied to host memory), written "
-          f"and published in {t.total:.1f} s; synchronous {t.sync:.1f} s: stall "
-          f"{t.stall / t.sync:.3f} of a synchronous save")  # fmt: skip
-    # what `paperscale plan` says of this save: one node holding every rank
     plan = save_plan(params, job.train.zero_stage, env.world_size, env.world_size,
                      job.train.precision)  # fmt: skip
-    print(f"plan's estimate   {plan.total_bytes / 2**20:,.0f} MiB, the node "
-          f"{plan.node_bytes / 2**20:,.0f} MiB, save ~{plan.seconds:.1f} s at "
-          f"{plan.write_gbs:g} GB/s assumed; measured save / estimate "
-          f"{t.saved / plan.seconds:.2f}")  # fmt: skip
     case = {
-        "config": args.config,
+        "config": config,
         "parameters": params,
         "ranks": env.world_size,
         "zero_stage": job.train.zero_stage,
         "precision": job.train.precision,
     }
-    write_rows(
-        args.json,
-        [
-            row("checkpoint size", size / 2**20, "MiB", files=len(files), **case),
-            row("bytes per parameter", size / params, "bytes", **case),
-            row("save", t.saved, "s", **case),
-            row("save rate", size / 2**20 / t.saved, "MiB/s", **case),
-            row("load", t.loaded, "s", **case),
-            row("plan checkpoint size", plan.total_bytes / 2**20, "MiB", **case),
-            row("plan save estimate", plan.seconds, "s", write_gbs=plan.write_gbs, **case),
-            row("measured save / plan estimate", t.saved / plan.seconds, "x", **case),
-            row("synchronous save (best of the side by side)", t.sync, "s", **case),
-            row("async save: stall", t.stall, "s", **case),
-            row("async save: written and published", t.total, "s", **case),
-            row("async stall / synchronous save", t.stall / t.sync, "x", **case),
-        ],
-    )
+    return [
+        row("checkpoint size", size / 2**20, "MiB", files=len(files), **case),
+        row("bytes per parameter", size / params, "bytes", **case),
+        row("save", t.saved, "s", **case),
+        row("save rate", size / 2**20 / t.saved, "MiB/s", **case),
+        row("load", t.loaded, "s", **case),
+        row("plan checkpoint size", plan.total_bytes / 2**20, "MiB", **case),
+        row("plan save estimate", plan.seconds, "s", write_gbs=plan.write_gbs, **case),
+        row("measured save / plan estimate", t.saved / plan.seconds, "x", **case),
+        row("synchronous save (best of the side by side)", t.sync, "s", **case),
+        row("async save: stall", t.stall, "s", **case),
+        row("async save: written and published", t.total, "s", **case),
+        row("async stall / synchronous save", t.stall / t.sync, "x", **case),
+    ]
 
 
-def main() -> None:
-    """Time the saves and the restore of the preset's engine on every rank; rank 0 reports."""
-    args = parse_args()
-    job = load_config(args.config, args.overrides)
+def measure(
+    work: Path, config: str = "configs/base.yaml", overrides: Sequence[str] = (), rounds: int = 3
+) -> list[Row]:
+    """Time the saves (`rounds` background / synchronous pairs after the first) and the
+    restore of the preset's engine on every rank, in rank 0's `work`; rank 0's rows."""
+    job = load_config(config, list(overrides))
     env = init_distributed("cpu")
     vocab = job.model.vocab_size or job.data.vocab_size
     model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
@@ -175,22 +135,17 @@ def main() -> None:
     # left out of the garbage collector's scans, so no full collection (~0.5 s over the ~400k
     # objects of torch and DeepSpeed) lands inside a timed save, as none does in a run
     gc.freeze()
-    shared = [args.dir or (tempfile.mkdtemp(prefix="ckpt-bench-") if env.is_main else None)]
-    dist.broadcast_object_list(shared, src=0)  # one directory, made by rank 0
-    base = Path(shared[0])
-    ckpts = RunDir(base).checkpoints
+    shared = [str(work / "ckpt")]
+    dist.broadcast_object_list(shared, src=0)  # rank 0's directory for every rank
+    ckpts = RunDir(Path(shared[0])).checkpoints
     manager = CheckpointManager(
         ckpts, engine, env.rank, env.world_size, TrainState(step=1), {"rng": RngState()},
         keep_last=1, meta={"model": model_cfg.__dict__, "config": {}},
         precision=job.train.precision,
     )  # fmt: skip
-    tag, times = time_saves(manager, args.smoke)
-    if env.is_main:
-        report(args, job, env, engine, ckpts.tag_dir(tag), vocab, times)
+    tag, times = time_saves(manager, rounds)
+    rows = (
+        checkpoint_rows(config, job, env, engine, ckpts.tag_dir(tag), times) if env.is_main else []
+    )
     dist.barrier()
-    if env.is_main and not args.dir:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()
+    return rows

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import math
+import operator
 import os
 import shutil
 import subprocess
@@ -58,6 +59,20 @@ def check_rows(rows: Sequence[Row]) -> list[Row]:
         if not isinstance(r.get("value"), (int, float)) or isinstance(r.get("value"), bool):
             raise ValueError(f"a row needs a number value: {r!r}")
     return list(rows)
+
+
+GOALS = {">=": operator.ge, "<=": operator.le}
+
+
+def missed_goals(rows: Sequence[Row]) -> list[str]:
+    """The rows whose `goal` ("<= 1.05", ">= 90") their value misses."""
+    missed = []
+    for r in rows:
+        if "goal" in r:
+            op, bound = r["goal"].split()
+            if not GOALS[op](r["value"], float(bound)):
+                missed.append(f"{r['figure']} {r['value']:.4g} (goal {r['goal']})")
+    return missed
 
 
 def write_rows(path: str | os.PathLike[str] | None, rows: Sequence[Row]) -> None:

@@ -1,311 +1,328 @@
-"""Data pipeline at scale: loader tokens/s, padding at a 4,096-token budget, prepare pairs/s and
-peak memory, shard bytes per sample -- measured side by side in one run on a real corpus.
+"""Data pipeline at scale, side by side in one run on one corpus: shard bytes per sample, loader
+tokens/s, padding at a 4,096-token budget, and prepare pairs/s and peak memory.
 
-    python -m bench.data --corpus /tmp/corpus-real --work /tmp/bench-data --pairs 250000 1000000
-
-1. ``prepare`` the corpus twice (plain ``.tar`` shards and ``.tar.gz``): bytes per sample.
-2. Loader: tokens/s (source + target, real tokens of the delivered batches) of one
-   ``TokenBatchStream`` with ``num_workers`` 0 and 1, on both shard kinds; steady rate
-   measured from the first batch on (worker start-up is reported apart).
-3. Padding of the training split at ``--max-tokens`` (4,096), with the loader's windows:
-   batching v1 (random order inside ``bucket_width`` buckets of max(S, T)) and v2 (sorted by
-   padded shape) at the old defaults (``pad_multiple`` 8, bucket 8, window 2,000) against v3
-   (v2 + batches cut to a multiple of ``batch_multiple`` rows) at the defaults (pad 1, batch
-   multiple 8, bucket 1, window 100,000) and nearby settings.  Padding
-   (pad tokens / padded tokens, both sides) is split into *rounding*: what every row pays on
-   its own at that multiple (``round_up(len, m) - len``; zero at 1, the same for any
-   batching), and *mismatch*: the rest, rows padded up to a longer row of their batch.
-   ``fill``: real tokens per batch / (2 * max_tokens); ``rows``: batches whose ``B * S`` and
-   ``B * T`` (the row counts of the projections' matrix products) are multiples of 8.
-4. Input order: the corpus prepared in its input order (``--no-shuffle``) and globally
-   shuffled (the default), read at the demo's data settings (configs/tiny.yaml: 1,536-token
-   micro-batches, 4,000-sample windows) and at the defaults: loader tokens/s and padding side
-   by side. Real corpora arrive grouped by source, so an in-order window holds sentences of one
-   kind (similar lengths: less padding) that a shuffled window mixes.
-5. ``prepare`` with 2 workers on corpora of ``--pairs`` pairs (the real training pairs repeated,
-   each repetition with its words rotated, so nothing is an exact duplicate) in a subprocess:
-   pairs/s of the shard stage; peak RSS of the main process and of the largest child (the
-   sentencepiece trainer or an encoder; ``ru_maxrss`` of ``RUSAGE_SELF``/``RUSAGE_CHILDREN``);
-   and the peak of the summed PSS of the whole process tree (sampled every 50 ms; PSS counts
-   pages shared after fork once) during the sentencepiece stage and during the shard stage.
-   The sentencepiece stage grows with the corpus until ``input_sentence_size`` sentences (2M
-   by default, i.e. 1M pairs) and stays there; the shard stage should not grow at all.
-
-``--smoke``: without ``--corpus``, a synthetic corpus of 2,000 pairs written under ``--work``;
-vocabulary 200, 0.5 s per loader measurement, one ``--pairs`` run of 3,000 (seconds).
-``--json PATH`` writes the figures of every table as rows for bench/suite.py.
+1. Shards: the corpus prepared (2 workers) into ``.tar`` and ``.tar.gz`` shards: bytes per
+   sample, pairs/s of the shard stage.
+2. Loader: real tokens/s (source + target) of one ``TokenBatchStream``, 0 and 1 workers, both
+   shard kinds: the steady rate from the first batch on, the start-up seconds beside it.
+3. Input order: the corpus prepared in input order and globally shuffled (the default), read by
+   1 worker at the demo's data settings (1,536-token batches, 4,000-sample windows) and at the
+   defaults: tokens/s and padding. Real corpora arrive grouped by source, so an in-order window
+   holds sentences of one kind (similar lengths: less padding) that a shuffled window mixes.
+4. Padding of the training split at ``max_tokens``, each window batched as the loader does:
+   batching v1 (random order inside buckets of max(S, T)) and v2 (sorted by padded shape) at
+   the old defaults (pad multiple 8, bucket 8, window 2,000) against v3 (v2 + batches cut to a
+   multiple of ``batch_multiple`` rows) at the defaults (pad 1, batch multiple 8, bucket 1,
+   window 100,000) and nearby. Padding (pad / padded tokens, both sides) splits into rounding,
+   what each row pays alone at that multiple (zero at 1, the same for any batching), and
+   mismatch, rows padded up to a longer row of their batch. Fill: real tokens per batch /
+   (2 * max_tokens); aligned: batches whose B * S and B * T are multiples of 8.
+5. Prepare at scale (2 workers, a fresh subprocess) of ``pairs`` pairs (the training pairs
+   repeated, words rotated in each repetition): pairs/s of the shard stage, peak RSS of the main
+   process and of its largest child (sentencepiece or an encoder), and the peak summed PSS of
+   the process tree (sampled every 50 ms) in the sentencepiece stage, which grows with the
+   corpus up to ``input_sentence_size`` sentences (2M: 1M pairs), and in the shard stage, which
+   should not grow at all.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
-from bench.common import Row, add_output_arguments, row, write_rows
-from bench.data_corpus import log, make_corpus, run_prepare, smoke_corpus
-from bench.data_padding import PADDING_ROWS, padding_stats, read_lengths
+from bench.common import ROOT, Row, row
+from data_pipeline.batching import Sample, plan_batches, round_up
 from data_pipeline.config import DataConfig
+from data_pipeline.corpus.synthetic import write_synthetic
 from data_pipeline.loader import TokenBatchStream
+from data_pipeline.manifest import read_manifest
+from data_pipeline.shards import iter_shard
 
-# --------------------------------------------------------------------------------------------
-# loader throughput
+MAX_LEN = 256
+# (batching version, pad_multiple, batch_multiple, bucket_width, window): the settings before
+# batching v3 (v1 and v2 at pad 8, bucket 8, window 2,000), then v3 at the defaults and around.
+PADDING_ROWS = [
+    (1, 8, 1, 8, 2000),
+    (2, 8, 1, 8, 2000),
+    (3, 8, 8, 1, 100_000),
+    (3, 1, 1, 1, 16_000),
+    (3, 1, 8, 1, 2_000),
+    (3, 1, 8, 1, 16_000),
+    (3, 1, 8, 1, 100_000),
+]
+ORDER_SETTINGS = {"demo (tiny.yaml)": (1536, 4000), "defaults": (4096, 100_000)}  # (tokens, window)
+
+
+def measure(
+    work: Path,
+    corpus: str | None = None,
+    smoke: bool = False,
+    vocab_size: int = 8000,
+    max_tokens: int = 4096,
+    seconds: float = 10.0,
+    pairs: Sequence[int] = (250_000, 1_000_000),
+    spm_sentences: int = 2_000_000,
+) -> list[Row]:
+    """Sections 1-5 on `corpus` (None: a synthetic one of 2,000 pairs written under `work`);
+    `seconds` per loader measurement, `spm_sentences` prepare's input_sentence_size at scale.
+    Smoke: vocabulary 200, 0.5 s loader runs, one prepare of 3,000 pairs."""
+    if smoke:
+        vocab_size, seconds, pairs, spm_sentences = 200, 0.5, [3000], 5000
+    src = Path(ROOT, corpus) if corpus else work / "corpus-smoke"
+    if not corpus:
+        write_synthetic(src, n_train=2000, n_valid=50, n_test=50, seed=1)
+    rows: list[Row] = []
+    data = {kind: work / f"data-{kind}" for kind in ("tar", "tar.gz")}
+    for kind, out in data.items():  # 1. shards
+        r = run_prepare(src, out, vocab_size=vocab_size, compress_shards=kind == "tar.gz")
+        rows.append(row(f"shard bytes per sample, {kind}", r["bytes_per_sample"], "bytes",
+                        shards=kind))  # fmt: skip
+        rows.append(row(f"prepare shard stage, {kind}", r["pairs_s"], "pairs/s", shards=kind,
+                        workers=2))  # fmt: skip
+    for kind, workers in ((k, w) for k in data for w in (0, 1)):  # 2. loader
+        tokens_s, startup_s, _ = loader_rate(data[kind], workers, max_tokens, seconds)
+        rows.append(row(f"loader, {kind}, {workers} workers", tokens_s, "tokens/s",
+                        startup_s=startup_s, shards=kind, workers=workers,
+                        max_tokens=max_tokens))  # fmt: skip
+    rows += by_input_order(src, work, data["tar"], vocab_size, seconds, smoke)  # 3.
+    lens = read_lengths(data["tar"])  # 4. padding
+    for version, pm, bm, bw, window in PADDING_ROWS:
+        r = padding_stats(lens, version=version, window=window, max_tokens=max_tokens,
+                          pad_multiple=pm, bucket_width=bw, batch_multiple=bm)  # fmt: skip
+        setting = f"v{version}, pad {pm}, batch multiple {bm}, bucket {bw}, window {window}"
+        rows.append(row(f"padding, {setting}", 100 * r["padding"], "%",
+                        rounding_pct=100 * r["rounding"], mismatch_pct=100 * r["mismatch"],
+                        fill_pct=100 * r["fill"], aligned_pct=100 * r["rows_multiple"],
+                        batches=r["batches"], max_tokens=max_tokens))  # fmt: skip
+    for n in pairs:  # 5. prepare at scale
+        out = work / f"data-{n}"
+        kw = {"vocab_size": vocab_size, "input_sentence_size": spm_sentences}
+        r = run_prepare(scaled_corpus(src, work / f"corpus-{n}", n), out, **kw)
+        shutil.rmtree(out, ignore_errors=True)
+        case = {"pairs": n, "workers": 2, "spm_sentences": spm_sentences}
+        rows += [
+            row(f"prepare {n} pairs, shard stage", r["pairs_s"], "pairs/s", wall_s=r["wall_s"],
+                spm_s=r["spm_s"], **case),
+            row(f"prepare {n} pairs, peak RSS main", r["main_mb"], "MB", **case),
+            row(f"prepare {n} pairs, peak RSS largest child", r["child_mb"], "MB", **case),
+            row(f"prepare {n} pairs, tree PSS sentencepiece stage", r["spm_pss_mb"], "MB",
+                **case),
+            row(f"prepare {n} pairs, tree PSS shard stage", r["shard_pss_mb"], "MB", **case),
+        ]  # fmt: skip
+    return [{**r, "corpus": str(corpus or src)} for r in rows]
 
 
 def loader_rate(
     data: Path, workers: int, max_tokens: int, seconds: float, **batching: Any
-) -> dict[str, float]:
-    """Real tokens/s one TokenBatchStream delivers (one epoch of train, or ``seconds`` after the
-    first batch), with the default batching settings unless ``batching`` overrides them."""
+) -> tuple[float, float, float]:
+    """One TokenBatchStream over train (an epoch, or `seconds` after its first batch), with the
+    default batching unless `batching` overrides it: real tokens/s from the first batch on, the
+    seconds to that batch (worker start-up and the first window), and the padding fraction."""
     cfg = DataConfig(
-        dir=str(data), max_tokens=max_tokens, max_len=256, num_workers=workers, **batching
+        dir=str(data), max_tokens=max_tokens, max_len=MAX_LEN, num_workers=workers, **batching
     )
-    stream = TokenBatchStream(data, "train", cfg, epochs=1)
-    t0 = time.perf_counter()
+    start = time.perf_counter()
     first = None
-    tokens = padded = samples = batches = all_tokens = 0
-    for b in stream:
-        all_tokens += b.n_src_tokens + b.n_tgt_tokens
+    tokens = padded = 0
+    for b in TokenBatchStream(data, "train", cfg, epochs=1):
         if first is None:
-            first = time.perf_counter()  # worker start-up and the first window are behind
+            first = time.perf_counter()
             continue
         tokens += b.n_src_tokens + b.n_tgt_tokens
         padded += b.src.numel() + b.tgt_out.numel()
-        samples += len(b)
-        batches += 1
         if time.perf_counter() - first > seconds:
             break
-    end = time.perf_counter()
-    dt = end - (first or t0)
+    first = first or start
+    return tokens / (time.perf_counter() - first), first - start, 1 - tokens / max(1, padded)
+
+
+def by_input_order(
+    corpus: Path, work: Path, shuffled: Path, vocab_size: int, seconds: float, smoke: bool
+) -> list[Row]:
+    """Section 3: the corpus prepared in input order against `shuffled`, one stream each."""
+    in_order = work / "data-tar-in-order"
+    run_prepare(corpus, in_order, vocab_size=vocab_size, shuffle=False)
+    rows: list[Row] = []
+    for name, (max_tokens, window) in ORDER_SETTINGS.items():
+        if smoke:
+            max_tokens, window = min(max_tokens, 512), min(window, 500)
+        for order, data in (("in order", in_order), ("shuffled", shuffled)):
+            tokens_s, _, pad = loader_rate(data, 1, max_tokens, seconds, shuffle_buffer=window)
+            rows.append(row(f"loader by input order, {name}, {order}", tokens_s, "tokens/s",
+                            padding_pct=100 * pad, max_tokens=max_tokens, window=window,
+                            order=order))  # fmt: skip
+    return rows
+
+
+def read_lengths(data: Path, max_len: int = MAX_LEN) -> list[list[tuple[int, int]]]:
+    """(S, T) of every training sample the loader keeps, per shard, in file order."""
+    m = read_manifest(data)
+    item = 2 if m["dtype"] == "uint16" else 4
+    out = []
+    for shard in m["splits"]["train"]["shards"]:
+        lens = []
+        for raw in iter_shard(data / shard["name"]):
+            s, t = len(raw.parts["src.ids"]) // item, len(raw.parts["tgt.ids"]) // item + 1
+            if max(s, t) <= max_len:
+                lens.append((s, t))
+        out.append(lens)
+    return out
+
+
+def plan_v1(
+    samples: Sequence[Sample], max_tokens: int, pad_multiple: int, bucket_width: int, rng: Any
+) -> list[list[int]]:
+    """Batching v1: random order inside buckets of max(S, T), cut at `max_tokens`."""
+    order = sorted(
+        rng.permutation(len(samples)).tolist(),
+        key=lambda i: (max(samples[i].src_len, samples[i].tgt_len) - 1) // bucket_width,
+    )
+    batches: list[list[int]] = [[]]
+    cur_s = cur_t = 0
+    for i in order:
+        s = round_up(max(cur_s, samples[i].src_len), pad_multiple)
+        t = round_up(max(cur_t, samples[i].tgt_len), pad_multiple)
+        if batches[-1] and (len(batches[-1]) + 1) * max(s, t) > max_tokens:
+            batches.append([])
+            cur_s = cur_t = 0
+        batches[-1].append(i)
+        cur_s, cur_t = max(cur_s, samples[i].src_len), max(cur_t, samples[i].tgt_len)
+    return [b for b in batches if b]
+
+
+def padding_stats(
+    shards: list[list[tuple[int, int]]],
+    *,
+    version: int,
+    window: int,
+    max_tokens: int,
+    pad_multiple: int,
+    bucket_width: int,
+    batch_multiple: int = 1,
+    seed: int = 1,
+) -> dict[str, float]:
+    """Padding of one epoch batched like the loader does (windows of `window` per shard)."""
+    real = padded = rounding = n_batches = aligned = 0
+    for k, lens in enumerate(shards):
+        for ws in range(0, len(lens), window):
+            chunk = np.array(lens[ws : ws + window]).reshape(-1, 2)  # (samples, S and T)
+            samples = [Sample("", np.zeros(s, np.int64), np.zeros(t - 1), "", "") for s, t in chunk]
+            rng = np.random.default_rng([seed, 0, k, 0, 1, ws])
+            if version == 1:
+                groups = plan_v1(samples, max_tokens, pad_multiple, bucket_width, rng)
+            else:
+                groups = plan_batches(samples, max_tokens=max_tokens, pad_multiple=pad_multiple,
+                                      bucket_width=bucket_width, rng=rng,
+                                      batch_multiple=batch_multiple)  # fmt: skip
+            for g in groups:
+                lengths = chunk[g]  # (rows, S and T)
+                shape = -(-lengths.max(axis=0) // pad_multiple) * pad_multiple  # padded S, T
+                real += int(lengths.sum())
+                padded += len(g) * int(shape.sum())
+                rounding += int((-(-lengths // pad_multiple) * pad_multiple - lengths).sum())
+                n_batches += 1
+                aligned += bool(np.all(len(g) * shape % 8 == 0))
     return {
-        "tokens_s": tokens / dt,
-        "tokens_s_with_start": all_tokens / (end - t0),
-        "samples_s": samples / dt,
-        "batches_s": batches / dt,
-        "startup_s": (first or t0) - t0,
-        "padding": 1 - tokens / max(1, padded),
-        "seconds": dt,
+        "padding": (padded - real) / padded,
+        "rounding": rounding / padded,
+        "mismatch": (padded - real - rounding) / padded,
+        "fill": real / (n_batches * 2 * max_tokens),
+        "batches": n_batches,
+        "rows_multiple": aligned / max(1, n_batches),  # batches whose B*S and B*T % 8 == 0
     }
 
 
-# --------------------------------------------------------------------------------------------
+_PREPARE = r"""
+import json, resource, sys, time
+from pathlib import Path
+from data_pipeline.prepare import prepare
+args, marks, t0 = json.loads(sys.argv[1]), [], time.monotonic()
+m = prepare(Path(args["corpus"]), Path(args["out"]), progress=False,
+            log=lambda msg: marks.append([time.monotonic(), msg]), **args["kw"])
+print(json.dumps({"t0": t0, "wall": time.monotonic() - t0, "marks": marks, "manifest": m,
+                  "main_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "child_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+"""
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the sections the command line asks for; print their tables, write their rows."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument(
-        "--corpus",
-        type=Path,
-        help="train/valid/test (default /tmp/corpus-real; --smoke: synthetic)",
-    )
-    p.add_argument("--work", type=Path, default=Path("/tmp/bench-data"), help="scratch directory")
-    p.add_argument("--vocab-size", type=int, default=8000)
-    p.add_argument("--max-tokens", type=int, default=4096)
-    p.add_argument("--seconds", type=float, default=10.0, help="per loader measurement")
-    p.add_argument("--pairs", type=int, nargs="*", default=[250_000, 1_000_000])
-    p.add_argument(
-        "--spm-sentences",
-        type=int,
-        default=2_000_000,
-        help="prepare's input_sentence_size for the --pairs runs (default: prepare's, 2M)",
-    )
-    p.add_argument("--skip-loader", action="store_true")
-    p.add_argument("--prepare-only", action="store_true", help="only the --pairs runs (4.)")
-    add_output_arguments(p, "a 2,000-pair synthetic corpus, vocabulary 200, 0.5 s loader runs")
-    a = p.parse_args(argv)
-    a.work.mkdir(parents=True, exist_ok=True)
-    if a.smoke:
-        a.vocab_size, a.seconds, a.pairs, a.spm_sentences = 200, 0.5, [3000], 5000
-        if a.corpus is None:
-            a.corpus = smoke_corpus(a.work)
-    if a.corpus is None:
-        a.corpus = Path("/tmp/corpus-real")
-    print(f"# bench.data  corpus={a.corpus}  load average {os.getloadavg()[0]:.1f} at start")
-
-    rows: list[Row] = []
-    if not a.prepare_only:
-        rows += measure_data(a)
-    if a.pairs:
-        rows += measure_prepare(a)
-    print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
-    write_rows(a.json, [{**r, "corpus": str(a.corpus)} for r in rows])
-    return 0
+def tree_pss(pid: int) -> int:
+    """The summed PSS (bytes) of a process and its descendants: pages shared after fork
+    (copy-on-write) count once."""
+    total = 0
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_full_info().pss
+    return total
 
 
-def measure_data(a: argparse.Namespace) -> list[Row]:
-    """Sections 1-3 (and 4's input order with the loader): shard bytes, loader tokens/s,
-    padding; their rows."""
-    data, rows = measure_shards(a)
-    if not a.skip_loader:
-        rows += measure_loader(a, data)
-        rows += measure_order(a, data["tar"])
-    rows += measure_padding(a, data["tar"])
-    return rows
-
-
-def measure_shards(a: argparse.Namespace) -> tuple[dict[str, Path], list[Row]]:
-    """Section 1: the corpus prepared into plain and gzip shards; the data dir of each kind and
-    the rows of their bytes per sample and shard-stage pairs/s."""
-    rows: list[Row] = []
-    data: dict[str, Path] = {}
-    prep: dict[str, dict[str, Any]] = {}
-    for kind, compress in (("tar", False), ("tar.gz", True)):
-        data[kind] = a.work / f"data-{kind}"
-        log(f"prepare {a.corpus} -> {data[kind]}")
-        prep[kind] = run_prepare(
-            a.corpus, data[kind], vocab_size=a.vocab_size, workers=2, compress_shards=compress
+def run_prepare(corpus: Path, out: Path, **kw: Any) -> dict[str, float]:
+    """``prepare`` (2 workers unless `kw` says otherwise) in a fresh subprocess, its process
+    tree's PSS sampled every 50 ms: seconds, train pairs/s of the shard stage, shard bytes per
+    sample and peak memory in MB."""
+    print(f"prepare {corpus} -> {out}", flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+    args = json.dumps({"corpus": str(corpus), "out": str(out), "kw": {"workers": 2, **kw}})
+    timeline: list[tuple[float, int]] = []  # (monotonic time, the tree's PSS)
+    with tempfile.TemporaryFile() as result:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _PREPARE, args],
+            cwd=ROOT,
+            stdout=result,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
-    print("\n## shards (prepare of the real corpus, 2 workers)")
-    print(f"{'shards':8} {'train pairs':>11} {'bytes/sample':>12} {'pairs/s':>9} {'spm s':>6}")
-    for kind, r in prep.items():
-        print(
-            f"{kind:8} {r['manifest']['splits']['train']['samples']:>11} "
-            f"{r['bytes_per_sample']:>12.0f} {r['lines'] / r['shard_s']:>9.0f} {r['spm_s']:>6.1f}"
-        )
-        rows.append(row(f"shard bytes per sample, {kind}", r["bytes_per_sample"], "bytes",
-                        shards=kind))  # fmt: skip
-        rows.append(row(f"prepare shard stage, {kind}", r["lines"] / r["shard_s"], "pairs/s",
-                        shards=kind, workers=2))  # fmt: skip
-    return data, rows
+        while proc.poll() is None:
+            timeline.append((time.monotonic(), tree_pss(proc.pid)))
+            time.sleep(0.05)
+        if proc.returncode != 0:
+            raise RuntimeError(f"prepare of {corpus} failed with exit code {proc.returncode}")
+        result.seek(0)
+        r = json.loads(result.read().decode().splitlines()[-1])  # marks on this process's clock
+    spm_done = next(t for t, m in r["marks"] if "sentencepiece trained" in m)
+    train_done = next(t for t, m in r["marks"] if m.startswith("prepare: train:"))
+    train = r["manifest"]["splits"]["train"]
+    return {
+        "wall_s": r["wall"],
+        "spm_s": spm_done - r["t0"],
+        "pairs_s": train["cleaning"]["lines"] / (train_done - spm_done),
+        "bytes_per_sample": sum(s["bytes"] for s in train["shards"]) / max(1, train["samples"]),
+        "main_mb": r["main_kb"] / 1024,
+        "child_mb": r["child_kb"] / 1024,
+        "spm_pss_mb": max((m for t, m in timeline if t <= spm_done), default=0) / 2**20,
+        "shard_pss_mb": max((m for t, m in timeline if t > spm_done), default=0) / 2**20,
+    }
 
 
-def measure_loader(a: argparse.Namespace, data: dict[str, Path]) -> list[Row]:
-    """Section 2: loader tokens/s of every shard kind with 0 and 1 workers; their rows."""
-    rows: list[Row] = []
-    print(f"\n## loader: one TokenBatchStream, train, max_tokens {a.max_tokens}")
-    print(
-        f"{'shards':8} {'workers':>7} {'tokens/s':>10} {'samples/s':>10} {'batches/s':>9} "
-        f"{'start s':>7} {'w/ start':>10}"
-    )
-    for kind in data:
-        for workers in (0, 1):
-            r = loader_rate(data[kind], workers, a.max_tokens, a.seconds)
-            print(
-                f"{kind:8} {workers:>7} {r['tokens_s']:>10.0f} {r['samples_s']:>10.0f} "
-                f"{r['batches_s']:>9.1f} {r['startup_s']:>7.2f} "
-                f"{r['tokens_s_with_start']:>10.0f}"
-            )
-            case = {"shards": kind, "workers": workers, "max_tokens": a.max_tokens}
-            rows.append(row(f"loader, {kind}, {workers} workers", r["tokens_s"], "tokens/s",
-                            startup_s=r["startup_s"], **case))  # fmt: skip
-    return rows
-
-
-def measure_padding(a: argparse.Namespace, data: Path) -> list[Row]:
-    """Section 3: padding of the training split of `data` at every setting of PADDING_ROWS;
-    their rows."""
-    rows: list[Row] = []
-    lens = read_lengths(data, 256)
-    n = sum(len(x) for x in lens)
-    mean_s = np.mean([s for x in lens for s, _ in x])
-    mean_t = np.mean([t for x in lens for _, t in x])
-    print(
-        f"\n## padding at max_tokens {a.max_tokens} ({n} train pairs, mean S {mean_s:.1f}, "
-        f"mean T {mean_t:.1f}); fractions of padded tokens, both sides"
-    )
-    print(
-        f"{'batching':8} {'pad_mult':>8} {'batch_mult':>10} {'bucket':>6} {'window':>7} "
-        f"{'padding':>8} {'rounding':>8} {'mismatch':>8} {'fill':>6} {'batches':>7} {'rows':>6}"
-    )
-    for version, pm, bm, bw, window in PADDING_ROWS:
-        r = padding_stats(
-            lens,
-            version=version,
-            window=window,
-            max_tokens=a.max_tokens,
-            pad_multiple=pm,
-            bucket_width=bw,
-            batch_multiple=bm,
-        )
-        print(
-            f"{'v' + str(version):8} {pm:>8} {bm:>10} {bw:>6} {window:>7} {r['padding']:>8.1%} "
-            f"{r['rounding']:>8.1%} {r['mismatch']:>8.1%} {r['fill']:>6.1%} {r['batches']:>7} "
-            f"{r['rows_multiple']:>6.1%}"
-        )
-        setting = f"v{version}, pad {pm}, batch multiple {bm}, bucket {bw}, window {window}"
-        rows.append(row(f"padding, {setting}", 100 * r["padding"], "%",
-                        rounding_pct=100 * r["rounding"], mismatch_pct=100 * r["mismatch"],
-                        fill_pct=100 * r["fill"], batches=r["batches"],
-                        max_tokens=a.max_tokens))  # fmt: skip
-    return rows
-
-
-ORDER_SETTINGS = {  # name: (max_tokens, window)
-    "demo (tiny.yaml)": (1536, 4000),
-    "defaults": (4096, 100_000),
-}
-
-
-def measure_order(a: argparse.Namespace, shuffled: Path) -> list[Row]:
-    """Section 4: the same corpus in input order and shuffled, read by one stream each."""
-    in_order = a.work / "data-tar-in-order"
-    log(f"prepare {a.corpus} -> {in_order} (--no-shuffle)")
-    run_prepare(a.corpus, in_order, vocab_size=a.vocab_size, workers=2, shuffle=False)
-    print("\n## input order: loader tokens/s and padding, 1 worker (tokens/s: real tokens)")
-    print(f"{'settings':18} {'order':9} {'tokens/s':>9} {'padding':>8}  ratio shuffled/in order")
-    rows: list[Row] = []
-    for name, (max_tokens, window) in ORDER_SETTINGS.items():
-        if a.smoke:
-            max_tokens, window = min(max_tokens, 512), min(window, 500)
-        got = {}
-        for order, data in (("in order", in_order), ("shuffled", shuffled)):
-            got[order] = r = loader_rate(data, 1, max_tokens, a.seconds, shuffle_buffer=window)
-            print(f"{name:18} {order:9} {r['tokens_s']:>9.0f} {r['padding']:>8.1%}")
-            rows.append(row(f"loader by input order, {name}, {order}", r["tokens_s"],
-                            "tokens/s", padding_pct=100 * r["padding"], max_tokens=max_tokens,
-                            window=window, order=order))  # fmt: skip
-        ratio = got["shuffled"]["tokens_s"] / got["in order"]["tokens_s"]
-        print(f"{'':18} {'':9} {'':>9} {'':>8}  {ratio:.2f}x")
-    return rows
-
-
-def measure_prepare(a: argparse.Namespace) -> list[Row]:
-    """Section 5: prepare pairs/s and peak memory against corpus size; their rows."""
-    rows: list[Row] = []
-    if a.pairs:
-        print(f"\n## prepare, 2 workers, input_sentence_size {a.spm_sentences}")
-        print(
-            f"{'pairs':>9} {'wall s':>7} {'spm s':>6} {'shard s':>7} {'pairs/s':>8} "
-            f"{'main MB':>8} {'child MB':>8} {'tree spm MB':>11} {'tree shard MB':>13}"
-        )
-        for pairs in a.pairs:
-            corpus = make_corpus(a.corpus, a.work / f"corpus-{pairs}", pairs)
-            log(f"prepare {pairs} pairs")
-            r = run_prepare(
-                corpus,
-                a.work / f"data-{pairs}",
-                vocab_size=a.vocab_size,
-                workers=2,
-                input_sentence_size=a.spm_sentences,
-            )
-            print(
-                f"{pairs:>9} {r['wall']:>7.1f} {r['spm_s']:>6.1f} {r['shard_s']:>7.1f} "
-                f"{r['lines'] / r['shard_s']:>8.0f} {r['main_kb'] / 1024:>8.0f} "
-                f"{r['worker_kb'] / 1024:>8.0f} {r['spm_peak'] / 2**20:>11.0f} "
-                f"{r['shard_peak'] / 2**20:>13.0f}"
-            )
-            case = {"pairs": pairs, "workers": 2, "spm_sentences": a.spm_sentences}
-            rows += [
-                row(f"prepare {pairs} pairs, shard stage", r["lines"] / r["shard_s"], "pairs/s",
-                    wall_s=r["wall"], spm_s=r["spm_s"], **case),
-                row(f"prepare {pairs} pairs, peak RSS main", r["main_kb"] / 1024, "MB", **case),
-                row(f"prepare {pairs} pairs, peak RSS largest child", r["worker_kb"] / 1024,
-                    "MB", **case),
-                row(f"prepare {pairs} pairs, tree PSS sentencepiece stage",
-                    r["spm_peak"] / 2**20, "MB", **case),
-                row(f"prepare {pairs} pairs, tree PSS shard stage", r["shard_peak"] / 2**20,
-                    "MB", **case),
-            ]  # fmt: skip
-            shutil.rmtree(a.work / f"data-{pairs}", ignore_errors=True)
-    return rows
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def scaled_corpus(real: Path, out: Path, pairs: int) -> Path:
+    """`pairs` training pairs from `real`'s (repetition r rotates each line's words by r) and its
+    valid/test files, under `out`; written once."""
+    done = out / "n"
+    if done.is_file() and done.read_text() == str(pairs):
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    for lang in ("en", "de"):
+        lines = (real / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        with open(out / f"train.{lang}", "w", encoding="utf-8") as f:
+            for n in range(pairs):
+                r, i = divmod(n, len(lines))
+                words = lines[i].split()
+                k = r % len(words) if words else 0
+                f.write((" ".join(words[k:] + words[:k]) if r else lines[i]) + "\n")
+        for split in ("valid", "test"):
+            if (real / f"{split}.{lang}").is_file():
+                shutil.copyfile(real / f"{split}.{lang}", out / f"{split}.{lang}")
+    done.write_text(str(pairs))
+    return out

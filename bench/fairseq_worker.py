@@ -1,18 +1,16 @@
-"""fairseq's half of bench/peer_fairseq.py; runs under the python of a venv with fairseq
-(it imports torch and fairseq only, none of paperscale).
-
-    FSQ/bin/python bench/fairseq_worker.py export-init SPEC.json OUT.pt
-    FSQ/bin/python bench/fairseq_worker.py lockstep SPEC.json DUMP.pt STEPS
+"""fairseq's half of bench/peer_fairseq.py, run under the python of fairseq's venv (it imports
+torch and fairseq only, none of paperscale) as `fairseq_worker.py COMMAND SPEC.json ARGS...`.
 
 SPEC.json: {"bin": fairseq-preprocess dir, "args": fairseq-train arguments of the recipe,
-"special": {paperscale id: fairseq index}, "seed": int}. DUMP.pt (written by peer_fairseq.py):
-{"batches": [{"src", "tgt_in", "tgt_out"} in paperscale ids], "init": paperscale state dict}.
+"special": {paperscale id: fairseq index}, "seed": int, "names": paperscale's parameter names,
+"accum": micro-batches per step}.
 
-`export-init` writes fairseq's own initial weights (its RNG, its init) under paperscale's
-parameter names and id order. `lockstep` trains fairseq's model from paperscale's initial
-weights on the dumped micro-batches (4 per step; fairseq's criterion, Adam and inverse_sqrt,
-grads * 1 / sample_size as fairseq's Trainer does), with paperscale's sinusoidal table in place
-of fairseq's, and prints one JSON line per step: its loss and seconds.
+`export-init OUT.pt` writes fairseq's own initial weights (its RNG, its init) under paperscale's
+parameter names and id order. `lockstep DUMP.pt STEPS` trains fairseq's model from paperscale's
+initial weights (DUMP.pt's "init") on its micro-batches ("batches": {"src", "tgt_in", "tgt_out"}
+in paperscale ids) with fairseq's criterion, Adam and inverse_sqrt (grads * 1 / sample_size, as
+its Trainer does) and paperscale's sinusoidal table in place of its own, and prints one JSON
+line per step: its loss and seconds.
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ from typing import Any
 
 import torch
 from torch import nn
-
-ACCUM = 4  # micro-batches per step in the dump
 
 
 def build(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
@@ -63,24 +59,22 @@ def permutation(spec: dict[str, Any], vocab: int) -> torch.Tensor:
 
 
 def to_fairseq(ours: dict[str, torch.Tensor], perm: torch.Tensor) -> dict[str, torch.Tensor]:
-    out = {}
-    for k, v in ours.items():
-        if k == "embed.weight":
-            w = torch.empty_like(v)
-            w[perm] = v  # (V, D) rows in fairseq's dictionary order
-            for name in (*SHARED, OUTPUT):
-                out[name] = w
-        else:
-            out[fairseq_name(k)] = v
-    return out
+    """paperscale's weights under fairseq's names, the shared embedding (also fairseq's output
+    projection) in fairseq's dictionary order."""
+    embed = torch.empty_like(ours["embed.weight"])
+    embed[perm] = ours["embed.weight"]  # (V, D) rows in fairseq's dictionary order
+    out = {fairseq_name(k): v for k, v in ours.items() if k != "embed.weight"}
+    return out | dict.fromkeys((*SHARED, OUTPUT), embed)
 
 
 def to_ours(
     fs: dict[str, torch.Tensor], names: list[str], perm: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    out = {"embed.weight": fs[SHARED[0]][perm].clone()}  # (V, D) rows in paperscale id order
-    out.update({k: fs[fairseq_name(k)].clone() for k in names if k != "embed.weight"})
-    return out
+    """fairseq's weights under paperscale's `names`, the embedding in paperscale's id order."""
+    return {
+        k: (fs[SHARED[0]][perm] if k == "embed.weight" else fs[fairseq_name(k)]).clone()
+        for k in names
+    }  # the embedding: (V, D) rows in paperscale id order
 
 
 class Positions(nn.Module):
@@ -102,22 +96,23 @@ class Positions(nn.Module):
 
 
 def export_init(spec: dict[str, Any], out: str) -> None:
+    """fairseq's own initial weights, drawn from the seed, saved to `out` in paperscale's terms."""
     _, model, _ = build(spec)
-    names = spec["names"]
-    vocab = model.encoder.embed_tokens.weight.shape[0]
-    torch.save(to_ours(model.state_dict(), names, permutation(spec, vocab)), out)
+    perm = permutation(spec, model.encoder.embed_tokens.weight.shape[0])
+    torch.save(to_ours(model.state_dict(), spec["names"], perm), out)
 
 
-def lockstep(spec: dict[str, Any], dump_path: str, steps: int) -> None:
+def lockstep(spec: dict[str, Any], dump_path: str, steps: str) -> None:
+    """`steps` updates of fairseq's model from the dump's weights on its micro-batches."""
     from fairseq import optim
     from fairseq.optim import lr_scheduler
 
     cfg, model, criterion = build(spec)
     dump = torch.load(dump_path, weights_only=True)
-    perm = permutation(spec, dump["init"]["embed.weight"].shape[0])
+    vocab, d_model = dump["init"]["embed.weight"].shape  # (V, D)
+    perm = permutation(spec, vocab)
     missing = model.load_state_dict(to_fairseq(dump["init"], perm), strict=False)
     assert not missing.unexpected_keys, missing.unexpected_keys
-    d_model = dump["init"]["embed.weight"].shape[1]
     model.encoder.embed_positions = Positions(d_model)
     model.decoder.embed_positions = Positions(d_model)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -125,12 +120,12 @@ def lockstep(spec: dict[str, Any], dump_path: str, steps: int) -> None:
     sched = lr_scheduler.build_lr_scheduler(cfg.lr_scheduler, optimizer)
     sched.step_update(0)
     model.train()
-    batches = dump["batches"]
-    for step in range(steps):
+    batches, accum = dump["batches"], spec["accum"]
+    for step in range(int(steps)):
         started = time.perf_counter()
         optimizer.zero_grad()
         sample_size, loss_sum = 0, 0.0
-        for b in batches[ACCUM * step : ACCUM * (step + 1)]:
+        for b in batches[accum * step : accum * (step + 1)]:
             sample = {
                 "net_input": {
                     "src_tokens": perm[b["src"]],
@@ -149,22 +144,11 @@ def lockstep(spec: dict[str, Any], dump_path: str, steps: int) -> None:
         optimizer.step()
         sched.step_update(step + 1)
         seconds = time.perf_counter() - started
-        print(
-            json.dumps({"step": step + 1, "loss": loss_sum / sample_size, "s": seconds}), flush=True
-        )
-
-
-def main(argv: list[str]) -> None:
-    command, spec_path, *rest = argv
-    with open(spec_path) as f:
-        spec = json.load(f)
-    if command == "export-init":
-        export_init(spec, rest[0])
-    elif command == "lockstep":
-        lockstep(spec, rest[0], int(rest[1]))
-    else:
-        raise SystemExit(f"unknown command {command!r}")
+        line = {"step": step + 1, "loss": loss_sum / sample_size, "s": seconds}
+        print(json.dumps(line), flush=True)  # whole lines: stderr shares the log
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    command, spec_path, *rest = sys.argv[1:]
+    with open(spec_path) as f:
+        {"export-init": export_init, "lockstep": lockstep}[command](json.load(f), *rest)

@@ -1,34 +1,24 @@
 """Peak memory of the output projection and label-smoothed loss, forward and backward: the
-plain loss over materialised (B, T, V) logits against the chunked one (model/loss.py).
+plain loss over materialised (B, T, V) logits against the chunked one (model/loss.py), and the
+chunked one's peak beside what `paperscale plan` counts for it (launch/cost_model/activations.py).
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m bench.loss_memory [--config configs/base.yaml] \\
-        [--tokens 4096] [--smoke] [--json PATH]
-
-The preset gives d_model and the vocabulary (base: 512 and 37,000); --tokens is the number of
-target positions B*T of one micro-batch (4,096: base's `data.max_tokens` per rank). Each case
-runs in a fresh Python process: decoder states (N, D) and the shared embedding (V, D) are
-allocated first, then the process's resident set is read, then one forward and backward
-(fp32, and bf16 where the CPU runs it natively); the figure is the peak resident set above
-that baseline (getrusage's maxrss, with glibc's malloc returning freed blocks at once: see
-RETURN_FREED_MEMORY), so it counts every buffer the loss and its gradients hold at once,
-logits and their fp32 copy included. The same losses and gradients are
-checked by tests/model/test_loss.py; this bench measures only memory, and sets the chunked
-loss's peak beside what `paperscale plan` counts for it (launch/cost_model/activations.py).
-
-`--smoke`: d_model 32, vocabulary 8,000, 4,096 tokens (seconds).
+At the preset's d_model and vocabulary (base: 512 and 37,000) and `tokens` = B*T of one
+micro-batch (4,096: base's `data.max_tokens` per rank), each case runs in a fresh process:
+decoder states (N, D) and the shared embedding (V, D) allocated, the resident set read, then one
+forward and backward (fp32, and bf16 where the CPU runs it natively). The figure is the peak
+resident set above that baseline (getrusage's maxrss, with RETURN_FREED_MEMORY): every buffer
+the loss and its gradients hold at once, logits and their fp32 copy included.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.common import ROOT, add_output_arguments, row, write_rows
+from bench.common import ROOT, Row, row
 
 VARIANTS = ("plain", "chunked")
 # glibc's malloc keeps a freed block below its (dynamic, up to 32 MiB) mmap threshold in the
@@ -37,14 +27,8 @@ VARIANTS = ("plain", "chunked")
 RETURN_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}
 
 
-def resident_bytes() -> int:
-    """The resident set of this process now (/proc/self/statm, pages)."""
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
-
-def measure(variant: str, tokens: int, d_model: int, vocab: int, dtype: str) -> dict[str, float]:
-    """Run in the child: one forward + backward of `variant`; peak bytes above the baseline."""
+def peak_mib(variant: str, tokens: int, d_model: int, vocab: int, dtype: str) -> float:
+    """Run in the child: one forward + backward of `variant`; peak MiB above the baseline."""
     import torch
     import torch.nn.functional as F
 
@@ -61,7 +45,8 @@ def measure(variant: str, tokens: int, d_model: int, vocab: int, dtype: str) -> 
         small = (h[:, :8].detach().requires_grad_(), weight.detach().requires_grad_())
         args = (F.linear(small[0], small[1]),) if fn is label_smoothed_loss else small
         fn(*args, target[:, :8], 0.1)[0].backward()
-    base = resident_bytes()
+    pages = int(Path("/proc/self/statm").read_text().split()[1])  # the resident set now
+    base = pages * os.sysconf("SC_PAGE_SIZE")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if variant == "plain":
         loss, _, n = label_smoothed_loss(F.linear(h, weight), target, 0.1)
@@ -71,67 +56,43 @@ def measure(variant: str, tokens: int, d_model: int, vocab: int, dtype: str) -> 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if peak <= before:  # the loss never rose above start-up's own peak: not measurable
         raise SystemExit(f"{variant}: peak below start-up's ({before / 2**20:.0f} MiB)")
-    return {"peak_mib": (peak - base) / 2**20, "loss": float(loss / n)}
+    return (peak - base) / 2**20
 
 
-def child_run(variant: str, tokens: int, d_model: int, vocab: int, dtype: str) -> dict:
+def child_peak_mib(variant: str, tokens: int, d_model: int, vocab: int, dtype: str) -> float:
+    """`peak_mib` in a fresh Python process, with RETURN_FREED_MEMORY."""
     code = (
-        "import json, sys; from bench.loss_memory import measure; "
-        f"print(json.dumps(measure({variant!r}, {tokens}, {d_model}, {vocab}, {dtype!r})))"
+        "from bench.loss_memory import peak_mib; "
+        f"print(peak_mib({variant!r}, {tokens}, {d_model}, {vocab}, {dtype!r}))"
     )
+    env = {**os.environ, **RETURN_FREED_MEMORY}
     out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**os.environ, **RETURN_FREED_MEMORY},
-        capture_output=True,
-        text=True,
-        check=False,
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
     )
     if out.returncode != 0:
-        sys.stderr.write(out.stderr[-3000:])
-        raise SystemExit(f"{variant} {dtype}: exit {out.returncode}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{variant} {dtype}: exit {out.returncode}\n{out.stderr[-3000:]}")
+    return float(out.stdout.split()[-1])
 
 
-def plan_chunked_mib(tokens: int, d_model: int, vocab: int, dtype: str) -> float:
-    """What `paperscale plan` counts for the chunked loss of `tokens` target positions: its
-    per-token term (the decoder states' gradient) and its work space."""
+def measure(
+    config: str = "configs/base.yaml", tokens: int = 4096, d_model: int = 0, vocab: int = 0
+) -> list[Row]:
+    """Both losses in each dtype, and the plan's count for the chunked one (its per-token term,
+    the decoder states' gradient, and its work space); d_model and vocab 0 take the preset's."""
+    from launch.config import load_config
     from launch.cost_model.activations import activation_bytes_per_token, loss_workspace_bytes
     from model.config import ModelConfig
-
-    cfg = ModelConfig(vocab_size=vocab, d_model=d_model)
-    per_token = activation_bytes_per_token(cfg, dtype)["loss"]
-    return (tokens * per_token + loss_workspace_bytes(cfg, dtype)) / 2**20
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", default="configs/base.yaml")
-    p.add_argument("--tokens", type=int, default=4096, help="target positions B*T")
-    add_output_arguments(p, "d_model 32, vocabulary 8,000, 4,096 tokens")
-    args = p.parse_args(argv)
-    from launch.config import load_config
     from trainer.precision import cpu_has_native_bf16
 
-    job = load_config(args.config, [])
-    d_model, tokens = job.model.d_model, args.tokens
-    vocab = job.model.vocab_size or job.data.vocab_size
-    if args.smoke:
-        d_model, vocab, tokens = 32, 8000, 4096
-    dtypes = ["fp32", "bf16"] if cpu_has_native_bf16() else ["fp32"]
-    logits_mib = tokens * vocab * 4 / 2**20
-    print(f"{args.config}: d_model {d_model}, vocabulary {vocab:,}, {tokens:,} target positions "
-          f"(fp32 logits alone: {logits_mib:,.0f} MiB)")  # fmt: skip
-    rows = []
-    for dtype in dtypes:
-        got = {v: child_run(v, tokens, d_model, vocab, dtype) for v in VARIANTS}
-        plain, chunked = got["plain"]["peak_mib"], got["chunked"]["peak_mib"]
-        print(f"  {dtype}: plain {plain:,.0f} MiB, chunked {chunked:,.0f} MiB "
-              f"(x{plain / max(chunked, 1e-9):.1f} less); loss {got['plain']['loss']:.6f} / "
-              f"{got['chunked']['loss']:.6f}")  # fmt: skip
-        planned = plan_chunked_mib(tokens, d_model, vocab, dtype)
-        print(f"  {dtype}: `paperscale plan` counts {planned:,.0f} MiB for the chunked loss "
-              f"(measured / plan {chunked / planned:.3f})")  # fmt: skip
+    job = load_config(config, [])
+    d_model = d_model or job.model.d_model
+    vocab = vocab or job.model.vocab_size or job.data.vocab_size
+    cfg = ModelConfig(vocab_size=vocab, d_model=d_model)
+    rows: list[Row] = []
+    for dtype in ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",):
+        plain, chunked = (child_peak_mib(v, tokens, d_model, vocab, dtype) for v in VARIANTS)
+        per_token = activation_bytes_per_token(cfg, dtype)["loss"]
+        planned = (tokens * per_token + loss_workspace_bytes(cfg, dtype)) / 2**20
         case = {"dtype": dtype, "tokens": tokens, "d_model": d_model, "vocab": vocab}
         rows += [
             row("peak, plain loss", plain, "MiB", **case),
@@ -140,9 +101,4 @@ def main(argv: list[str] | None = None) -> int:
             row("plan estimate, chunked loss", planned, "MiB", **case),
             row("chunked peak / plan estimate", chunked / planned, "x", **case),
         ]
-    write_rows(args.json, rows)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return rows

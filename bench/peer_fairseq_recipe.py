@@ -1,16 +1,14 @@
 """The two sides of bench/peer_fairseq.py: our prepared data and recipe in fairseq's terms
-(sentencepiece pieces and dict.txt for fairseq-preprocess, fairseq-train's arguments,
+(sentencepiece pieces and dict.txt binarized by fairseq-preprocess, fairseq-train's arguments,
 bench/fairseq_worker.py under fairseq's python), and paperscale's recipe as a bare loop over
 given micro-batches from given initial weights.
 """
 
 from __future__ import annotations
 
-import argparse
+import itertools
 import json
-import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from launch.config import load_config
 from model.config import ModelConfig
 from model.transformer import Transformer
 from trainer.ds.engine import resolve_model_config, seed_everything
-from trainer.schedule import build_scheduler, inverse_sqrt_lr
+from trainer.schedule import build_scheduler, inverse_sqrt_lr, peak_lr
 
 # fairseq's dictionary: <s> 0, <pad> 1, </s> 2, <unk> 3, then our pieces in our order
 FAIRSEQ_SPECIAL = {PAD_ID: 1, UNK_ID: 3, BOS_ID: 0, EOS_ID: 2}
@@ -36,30 +34,44 @@ FAIRSEQ_SPECIAL = {PAD_ID: 1, UNK_ID: 3, BOS_ID: 0, EOS_ID: 2}
 # fairseq's side: data, recipe, worker
 
 
-def export_for_fairseq(data: Path, out: Path, max_len: int) -> None:
-    """train/valid as sentencepiece pieces, exactly the pairs and order our loader reads
-    (training pairs longer than `max_len` skipped as it skips them), and dict.txt."""
-    out.mkdir(parents=True, exist_ok=True)
+def fairseq_data(fairseq_python: str, job: Any, work: Path) -> Path:
+    """The job's prepared train/valid pairs in fairseq's form under `work`, its binary directory
+    returned: as sentencepiece pieces, exactly the pairs and order our loader reads (training
+    pairs longer than max_len skipped as it skips them), binarized by fairseq-preprocess with
+    our vocabulary as the joined dict.txt."""
+    data, text, out = Path(job.data.dir), work / "fairseq-text", work / "fairseq-bin"
+    text.mkdir(parents=True, exist_ok=True)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer_path(data)))
     m = read_manifest(data)
     vocab = sp.get_piece_size()
-    with open(out / "dict.txt", "w") as f:
+    with open(text / "dict.txt", "w") as f:
         f.writelines(f"{sp.id_to_piece(i)} {vocab - i}\n" for i in range(4, vocab))
     for split in ("train", "valid"):
-        with open(out / f"{split}.src", "w") as fs, open(out / f"{split}.tgt", "w") as ft:
+        with open(text / f"{split}.src", "w") as fs, open(text / f"{split}.tgt", "w") as ft:
             for shard in m["splits"][split]["shards"]:
                 for raw in iter_shard(data / shard["name"]):
                     src, tgt = decode_sample(raw, m["dtype"], vocab)
-                    if split == "train" and max(len(src), len(tgt) + 1) > max_len:
+                    if split == "train" and max(len(src), len(tgt) + 1) > job.data.max_len:
                         continue
                     fs.write(" ".join(sp.id_to_piece(int(i)) for i in src[:-1]) + "\n")
                     ft.write(" ".join(sp.id_to_piece(int(i)) for i in tgt) + "\n")
+    shutil.rmtree(out, ignore_errors=True)  # fairseq-preprocess refuses an existing dictionary
+    run_command(
+        [
+            fairseq_python, "-m", "fairseq_cli.preprocess", "--source-lang", "src",
+            "--target-lang", "tgt", "--trainpref", str(text / "train"),
+            "--validpref", str(text / "valid"), "--srcdict", str(text / "dict.txt"),
+            "--joined-dictionary", "--destdir", str(out), "--workers", "2",
+        ],
+        work / "fairseq-preprocess.log",
+    )  # fmt: skip
+    return out
 
 
 def fairseq_recipe(job: Any, model_cfg: ModelConfig) -> list[str]:
     """fairseq-train arguments of the preset's model and recipe (fp32, no clipping unless set)."""
     m, o = model_cfg, job.optim
-    peak = o.lr if o.lr is not None else m.d_model**-0.5 * o.warmup_steps**-0.5
+    peak = o.lr if o.lr is not None else peak_lr(m.d_model, o.warmup_steps)
     return [
         "--cpu", "--task", "translation", "-s", "src", "-t", "tgt",
         "--arch", "transformer", "--share-all-embeddings",
@@ -78,79 +90,54 @@ def fairseq_recipe(job: Any, model_cfg: ModelConfig) -> list[str]:
     ]  # fmt: skip
 
 
-def binarize(fsq_python: str, text: Path, out: Path, log: Path) -> None:
-    """fairseq-preprocess of the pieces in `text` into `out`, with our dict.txt as the joined
-    dictionary."""
-    shutil.rmtree(out, ignore_errors=True)  # fairseq-preprocess refuses an existing dictionary
-    run_command(
-        [
-            fsq_python, "-m", "fairseq_cli.preprocess", "--source-lang", "src",
-            "--target-lang", "tgt", "--trainpref", str(text / "train"),
-            "--validpref", str(text / "valid"), "--srcdict", str(text / "dict.txt"),
-            "--joined-dictionary", "--destdir", str(out), "--workers", "2",
-        ],
-        log,
-    )  # fmt: skip
-
-
-def worker(args: argparse.Namespace, command: str, spec: dict[str, Any], *rest: str) -> str:
-    """bench/fairseq_worker.py's `command` under fairseq's python, given `spec` (written to the
-    work dir) and `rest`; its stdout."""
-    spec_path = Path(args.work) / "fairseq-spec.json"
+def worker(fairseq_python: str, work: Path, command: str, spec: dict[str, Any], *rest: str) -> str:
+    """bench/fairseq_worker.py's `command` under fairseq's python (one thread), given `spec`
+    (written to `work`) and `rest`; its output."""
+    spec_path, log = work / "fairseq-spec.json", work / f"fairseq-{command}.log"
     spec_path.write_text(json.dumps(spec))
-    cmd = [args.fairseq_python, str(ROOT / "bench" / "fairseq_worker.py"), command,
-           str(spec_path), *rest]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
-                          "OMP_NUM_THREADS": "1"})  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"fairseq_worker {command} failed:\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    cmd = [fairseq_python, str(ROOT / "bench" / "fairseq_worker.py"), command, str(spec_path)]
+    run_command([*cmd, *rest], log, {"OMP_NUM_THREADS": "1"})
+    return log.read_text()
 
 
 # --------------------------------------------------------------------------------------------
 # paperscale's side: the job, initial weights and the bare loop
 
 
-def load_job(args: argparse.Namespace, data: Path) -> tuple[Any, list[str]]:
-    """The preset of --config on the prepared `data` (the smoke model with --smoke), and the
+def load_job(config: str, data: Path, smoke: bool) -> tuple[Any, list[str]]:
+    """The preset of `config` on the prepared `data` (the smoke model at smoke size), and the
     overrides that made it."""
-    overrides = [f"data.dir={data}", *(SMOKE_MODEL if args.smoke else [])]
-    return load_config(ROOT / args.config, overrides), overrides
+    overrides = [f"data.dir={data}", *(SMOKE_MODEL if smoke else [])]
+    return load_config(ROOT / config, overrides), overrides
 
 
-def model_config(job: Any, data: Path, **changes: Any) -> ModelConfig:
-    """The preset's model at the vocabulary of `data`'s tokenizer, with `changes`."""
-    cfg = resolve_model_config(job.model, Tokenizer(tokenizer_path(data)))
+def model_config(job: Any, **changes: Any) -> ModelConfig:
+    """The preset's model at the vocabulary of its data's tokenizer, with `changes`."""
+    cfg = resolve_model_config(job.model, Tokenizer(tokenizer_path(Path(job.data.dir))))
     return ModelConfig(**{**cfg.__dict__, **changes})
 
 
-def dump_batches(job: Any, data: Path, micro: int) -> list[dict[str, torch.Tensor]]:
+def dump_batches(job: Any, micro: int) -> list[dict[str, torch.Tensor]]:
     """The first `micro` micro-batches of a one-rank stream with the preset's data settings."""
     from data_pipeline.loader import TokenBatchStream
 
     cfg = job.data.__class__(**{**job.data.__dict__, "num_workers": 0})
-    stream = TokenBatchStream(data, "train", cfg)
-    it = iter(stream)
-    out = []
-    for _ in range(micro):
-        b = next(it)
-        out.append({"src": b.src, "tgt_in": b.tgt_in, "tgt_out": b.tgt_out})
+    stream = TokenBatchStream(Path(job.data.dir), "train", cfg)
+    out = [
+        {"src": b.src, "tgt_in": b.tgt_in, "tgt_out": b.tgt_out}
+        for b in itertools.islice(stream, micro)
+    ]
     stream.close()
     return out
 
 
-def paperscale_init(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """paperscale's own initial weights of `cfg`, drawn from `seed`."""
-    seed_everything(seed)
-    return Transformer(cfg).state_dict()
-
-
-def previous_init(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Xavier-uniform on every (out, in) projection, zero biases: paperscale's init until the
-    fairseq comparison found Q/K/V sqrt(2) and the second feed-forward layer 2.2x too large."""
+def initial_weights(cfg: ModelConfig, seed: int, xavier: bool = False) -> dict[str, torch.Tensor]:
+    """paperscale's own initial weights of `cfg`, drawn from `seed`; with `xavier` its init
+    until the fairseq comparison found Q/K/V sqrt(2) and the second feed-forward layer 2.2x too
+    large: xavier-uniform on every (out, in) projection, zero biases."""
     seed_everything(seed)
     model = Transformer(cfg)
-    for module in model.modules():
+    for module in model.modules() if xavier else ():
         if isinstance(module, torch.nn.Linear):
             torch.nn.init.xavier_uniform_(module.weight)
             torch.nn.init.zeros_(module.bias)
@@ -169,19 +156,15 @@ def bare_loop(
     model.train()
     o = job.optim
     opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(o.beta1, o.beta2), eps=o.eps)
-    if fairseq_lr:  # update k uses lr(k - 1); lr(0) = warmup_init_lr
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt,
-            lambda k: o.warmup_init_lr if k == 0 else inverse_sqrt_lr(
-                k, d_model=cfg.d_model, warmup_steps=o.warmup_steps, lr=o.lr,
-                warmup_init_lr=o.warmup_init_lr,
-            ),
-        )  # fmt: skip
-    else:
-        sched = build_scheduler(
-            opt, d_model=cfg.d_model, warmup_steps=o.warmup_steps, lr=o.lr,
-            warmup_init_lr=o.warmup_init_lr,
-        )  # fmt: skip
+    shape = {"d_model": cfg.d_model, "warmup_steps": o.warmup_steps, "lr": o.lr,
+             "warmup_init_lr": o.warmup_init_lr}  # fmt: skip
+    sched = (
+        torch.optim.lr_scheduler.LambdaLR(  # update k uses lr(k - 1); lr(0) = warmup_init_lr
+            opt, lambda k: inverse_sqrt_lr(k, **shape) if k else o.warmup_init_lr
+        )
+        if fairseq_lr
+        else build_scheduler(opt, **shape)
+    )
     out = []
     for step in range(steps):
         started = time.perf_counter()
@@ -191,7 +174,7 @@ def bare_loop(
         for b in micro:
             loss, nll, _ = model(b["src"], b["tgt_in"], b["tgt_out"], cfg.label_smoothing)
             (loss / tokens).backward()
-            loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll)
+            loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)

@@ -23,6 +23,11 @@ from typing import Any, TextIO
 from bench.registry import ROOT, Bench
 
 
+def with_nan(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as JSON held them, a null value (JSON's stand-in for NaN) back to NaN."""
+    return [{**r, "value": math.nan if r["value"] is None else float(r["value"])} for r in rows]
+
+
 @dataclasses.dataclass
 class Outcome:
     """What one bench run gave: its rows, and whether it ran, failed or could not run."""
@@ -47,36 +52,33 @@ class Outcome:
         return out
 
 
+def outcome_of(entry: Mapping[str, Any]) -> Outcome:
+    """An outcome as `Outcome.as_dict` wrote it."""
+    return Outcome(**{**entry, "rows": with_nan(entry["rows"])})
+
+
 def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
-
-
-def shown_python(python: str) -> str:
-    """The interpreter as the command shows it: relative to the repository when inside it."""
-    path = Path(python)
-    try:
-        return str(path.relative_to(ROOT))
-    except ValueError:
-        return python
 
 
 def render_command(
     bench: Bench, smoke: bool, python: str, json_path: Path, work: Path
 ) -> tuple[list[str], dict[str, str], str]:
-    """(argv, environment additions, the command line as shown) of one bench run."""
+    """(argv, environment additions, the command line as shown: the interpreter relative to
+    the repository when inside it) of one bench run."""
     values = {"python": python, "json": str(json_path), "work": str(work)}
-    shown_values = {**values, "python": shown_python(python)}
+    shown_python = os.path.relpath(python, ROOT) if Path(python).is_relative_to(ROOT) else python
 
-    def fill(part: str, with_values: Mapping[str, str]) -> str:
-        for key, value in with_values.items():
+    def fill(part: str, python: str = python) -> str:
+        for key, value in {**values, "python": python}.items():
             part = part.replace("{" + key + "}", value)
         return part
 
-    argv = [fill(part, values) for part in bench.command(smoke)]
-    env = {k: fill(v, values) for k, v in bench.env.items()}
-    shown = [fill(part, shown_values) for part in bench.command(smoke)]
-    shown_env = [f"{k}={shlex.quote(fill(v, shown_values))}" for k, v in bench.env.items()]
-    return argv, env, " ".join([*shown_env, shlex.join(shown)])
+    command = bench.command(smoke)
+    env = {k: fill(v) for k, v in bench.env.items()}
+    shown_env = [f"{k}={shlex.quote(fill(v, shown_python))}" for k, v in bench.env.items()]
+    shown = " ".join([*shown_env, shlex.join(fill(p, shown_python) for p in command)])
+    return [fill(part) for part in command], env, shown
 
 
 def _children_cpu() -> float:
@@ -86,13 +88,12 @@ def _children_cpu() -> float:
 
 def _kill_tree(proc: subprocess.Popen) -> None:
     """Stop the bench's whole process group (torchrun's ranks, DataLoader workers, ...)."""
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+            proc.wait(timeout=10.0)
             return
-        try:
-            proc.wait(timeout=wait)
+        except ProcessLookupError:
             return
         except subprocess.TimeoutExpired:
             continue
@@ -116,16 +117,14 @@ def _last_error_line(path: Path) -> str:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows a bench wrote (null values, JSON's stand-in for NaN, come back as NaN)."""
+    """The rows a bench wrote; ValueError when the file holds something else."""
     rows = json.loads(path.read_text())
     if not isinstance(rows, list):
         raise ValueError(f"{path}: not a JSON list of rows")
-    out = []
     for r in rows:
         if not isinstance(r, dict) or not {"figure", "value", "unit"} <= r.keys():
             raise ValueError(f"{path}: not a row: {r!r}")
-        out.append({**r, "value": math.nan if r["value"] is None else float(r["value"])})
-    return out
+    return with_nan(rows)
 
 
 def run_bench(
@@ -222,11 +221,3 @@ def _run_logged(
             raise
         finally:
             reader.join(timeout=30)
-
-
-def outcome_of(entry: Mapping[str, Any]) -> Outcome:
-    """An outcome as `Outcome.as_dict` wrote it (a non-finite figure's null back to NaN)."""
-    rows = [
-        {**r, "value": float("nan") if r["value"] is None else r["value"]} for r in entry["rows"]
-    ]
-    return Outcome(**{**entry, "rows": rows})

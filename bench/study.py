@@ -2,8 +2,7 @@
 from each run's own metrics.jsonl. The training speed benches are studies; this is their one
 program.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m bench.study configs/bench/scaling.yaml \\
-        --work /tmp/bench-scaling [--smoke] [--json PATH]
+    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python -m bench scaling [--smoke] [--work DIR]
 
 A study names a training config, its data, the overrides every run takes (`train`), its arms
 (each: overrides, environment, ranks) and how many rounds to run them in turn (so that the
@@ -11,7 +10,7 @@ machine's load drifts equally on every arm). Every arm is a fresh run. Each figu
 run's records to a number (`reduce` below), averaged over the rounds; a comparison divides or
 subtracts two arms' values of a figure. `evaluate` adds `paperscale evaluate` of each run on
 the test split at the listed beams (`test_bleu_beam<N>`). A figure with a `goal` (">= 90")
-that misses it makes the study exit 1 at full size, after its rows are written.
+that misses it makes the bench exit 1 at full size, after its rows are written (bench/__main__.py).
 
 `smoke` replaces `rounds`, `data` and the arms kept (`arms`), and appends its `train` after
 the smoke-size model (bench/common.py SMOKE_MODEL): seconds on one core.
@@ -19,13 +18,11 @@ the smoke-size model (bench/common.py SMOKE_MODEL): seconds on one core.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import operator
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,15 +32,14 @@ from omegaconf import OmegaConf
 
 from bench.common import (
     CLI,
+    GOALS,
     ROOT,
     SMOKE_MODEL,
     Row,
-    add_output_arguments,
     prepare_synthetic,
     row,
     run_command,
     train_run,
-    write_rows,
 )
 
 Records = list[dict[str, Any]]
@@ -93,7 +89,6 @@ REDUCERS: dict[str, Callable[[Records, str, float], float]] = {
     "outside_steps": lambda rs, m, s: s - sum(_step_seconds(rs)),
 }
 COMPARISONS = {"ratio": operator.truediv, "difference": operator.sub}
-GOALS = {">=": operator.ge, "<=": operator.le}
 
 
 def load_study(path: Path, smoke: bool) -> Any:
@@ -222,39 +217,7 @@ def study_rows(study: Any, values: dict[str, dict[str, float]]) -> list[Row]:
     return rows
 
 
-def missed_goals(rows: list[Row]) -> list[str]:
-    """The rows whose `goal` ("<= 1.05", ">= 90") their value misses."""
-    missed = []
-    for r in rows:
-        if "goal" in r:
-            op, bound = r["goal"].split()
-            if not GOALS[op](r["value"], float(bound)):
-                missed.append(f"{r['figure']} {r['value']:.4g} (goal {r['goal']})")
-    return missed
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("study", type=Path, help="configs/bench/NAME.yaml")
-    p.add_argument("--work", type=Path, required=True, help="data and run directories")
-    add_output_arguments(p, "the smoke-size model, the study's `smoke` section")
-    args = p.parse_args(argv)
-    try:
-        study = load_study(args.study, args.smoke)
-    except (OSError, ValueError) as e:
-        print(f"study: {e}", file=sys.stderr)
-        return 2
-    args.work.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(study.data, args.work)
-    rows = study_rows(study, measure(study, data, args.work))
-    for r in rows:
-        print(f"{r['figure']:<56} {r['value']:12.4g} {r['unit']}")
-    write_rows(args.json, rows)
-    missed = [] if args.smoke else missed_goals(rows)
-    for line in missed:
-        print(f"FAIL: {line}")
-    return 1 if missed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run_study(work: Path, path: str, smoke: bool = False) -> list[Row]:
+    """The study at `path` (configs/bench/NAME.yaml): its arms' runs under `work`, its rows."""
+    study = load_study(Path(path), smoke)
+    return study_rows(study, measure(study, prepare_data(study.data, work), work))

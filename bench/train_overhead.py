@@ -1,9 +1,5 @@
 """Tokens/s of the paperscale training step against a bare PyTorch loop, side by side.
 
-    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python -m bench.train_overhead \\
-        --work /tmp/bench-overhead [--data DATA_DIR] [--config configs/tiny.yaml] \\
-        [--windows 5] [--steps 10] [--smoke] [--json PATH] [key=value ...]
-
 One process (a world of one). The paperscale side is the trainer's own step: the DeepSpeed
 engine from trainer.ds.engine.build_engine (ZeRO and accumulation as configured), batches
 streamed by data_pipeline's TokenBatchStream from real shards, trainer.step.train_step, the
@@ -19,35 +15,21 @@ Both sides compute in the same precision, so the ratio measures the trainer's ov
 a precision difference: `train.precision` is settled as a training run settles it (`auto`:
 bf16 only where the CPU computes it natively, else fp32; PAPERSCALE_CPU_BF16=0|1 forces it),
 the engine is built with it, and the bare loop runs fp32 weights under bf16 autocast when it is
-bf16 and plain fp32 otherwise.
-
-Without --data, a synthetic corpus is written and prepared under --work first (the same
-commands as tests/integration/conftest.py). `--smoke`: 2,000 synthetic pairs, d_model 32, one
-window of 2 steps, a log line every step (seconds); `--json PATH` writes the two tokens/s and
-the ratios as rows for bench/suite.py.
+bf16 and plain fp32 otherwise. Without `data`, a synthetic corpus of `pairs` training pairs is
+prepared under the work directory first.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import cProfile
-import io
-import pstats
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.common import (
-    SMOKE_MODEL,
-    add_output_arguments,
-    prepare_synthetic,
-    row,
-    settle_precision,
-    write_rows,
-)
+from bench.common import Row, prepare_synthetic, row, settle_precision
 from data_pipeline.loader import Batch, TokenBatchStream
 from data_pipeline.manifest import tokenizer_path
 from data_pipeline.tokenizer import Tokenizer
@@ -144,113 +126,51 @@ def tokens_of(micros: list[list[Batch]]) -> int:
     return sum(b.n_src_tokens + b.n_tgt_tokens for micro in micros for b in micro)
 
 
-def parse_args() -> tuple[argparse.Namespace, int]:
-    """The command line, and the training pairs of the synthetic corpus it asks for."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--data", help="a prepared data dir (default: synthetic under --work)")
-    parser.add_argument("--work", default="/tmp/bench-overhead")
-    parser.add_argument("--windows", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per window")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per side first")
-    parser.add_argument("--profile", action="store_true", help="cProfile the paperscale side")
-    parser.add_argument("overrides", nargs="*")
-    add_output_arguments(parser, "2,000 pairs, d_model 32, 1 window of 2 steps, log every step")
-    args = parser.parse_args()
-    pairs = 20000
-    if args.smoke:
-        pairs, args.windows, args.steps, args.warmup = 2000, 1, 2, 1
-        args.overrides = [*SMOKE_MODEL, "train.log_every=1", *args.overrides]
-    return args, pairs
-
-
 def time_windows(
-    args: argparse.Namespace, ours: PaperscaleSide, bare: BareSide,
-    profiler: cProfile.Profile | None,
-) -> list[tuple[int, int, float, float]]:  # fmt: skip
-    """--windows windows of --steps steps, paperscale's and then the bare loop's on the same
-    micro-batches (the profiler, if any, on paperscale's); (window, tokens, paperscale seconds,
-    bare seconds) of each, printed as they end."""
-    rows = []
-    for window in range(args.windows):
-        if profiler:
-            profiler.enable()
+    windows: int, steps: int, ours: PaperscaleSide, bare: BareSide
+) -> list[tuple[int, float, float]]:
+    """`windows` windows of `steps` steps, paperscale's and then the bare loop's on the same
+    micro-batches; (tokens, paperscale seconds, bare seconds) of each."""
+    out = []
+    for _ in range(windows):
         start = time.perf_counter()
-        micros = [ours.step() for _ in range(args.steps)]
+        micros = [ours.step() for _ in range(steps)]
         ours_s = time.perf_counter() - start
-        if profiler:
-            profiler.disable()
         start = time.perf_counter()
         for micro in micros:
             bare.step(micro)
-        bare_s = time.perf_counter() - start
-        tokens = tokens_of(micros)
-        rows.append((window, tokens, ours_s, bare_s))
-        print(
-            f"window {window}: {tokens} tokens  paperscale {tokens / ours_s:8.0f} tok/s  "
-            f"bare {tokens / bare_s:8.0f} tok/s  ratio {bare_s / ours_s:.3f}",
-            flush=True,
-        )
-    return rows
+        out.append((tokens_of(micros), ours_s, time.perf_counter() - start))
+    return out
 
 
-def report(
-    args: argparse.Namespace, job: Any, bare: BareSide, rows: list[tuple[int, int, float, float]]
-) -> None:
-    """Print both sides' tokens/s over all windows and their ratios; write the rows."""
-    total = sum(r[1] for r in rows)
-    ours_total, bare_total = sum(r[2] for r in rows), sum(r[3] for r in rows)
-    print(
-        f"config {args.config} ({sum(p.numel() for p in bare.model.parameters()):,} parameters, "
-        f"ZeRO {job.train.zero_stage}, {job.train.precision}, grad_accum {job.train.grad_accum}, "
-        f"log_every {job.train.log_every})"
-    )
-    print(f"paperscale  {total / ours_total:10.0f} tokens/s")
-    print(f"bare torch  {total / bare_total:10.0f} tokens/s")
-    print(f"ratio       {bare_total / ours_total:10.3f}  (paperscale / bare; goal >= 0.90)")
-    ratios = sorted(r[3] / r[2] for r in rows)
-    print(f"median      {ratios[len(ratios) // 2]:10.3f}  (of the per-window ratios)")
-    case = {
-        "config": args.config,
-        "precision": job.train.precision,
-        "zero_stage": job.train.zero_stage,
-        "grad_accum": job.train.grad_accum,
-        "windows": args.windows,
-        "steps": args.steps,
-    }
-    write_rows(
-        args.json,
-        [
-            row("paperscale step", total / ours_total, "tokens/s", **case),
-            row("bare PyTorch loop", total / bare_total, "tokens/s", **case),
-            row("ratio paperscale / bare", bare_total / ours_total, "x", goal=">= 0.90", **case),
-            row("median per-window ratio", ratios[len(ratios) // 2], "x", **case),
-        ],
-    )
-
-
-def main() -> None:
-    """Build both sides, warm them up, time the windows and report."""
-    args, pairs = parse_args()
-    work = Path(args.work)
-    data_dir = Path(args.data) if args.data else prepare_synthetic(work, pairs)
-    job = load_config(args.config, [f"data.dir={data_dir}", *args.overrides])
+def measure(
+    work: Path,
+    config: str = "configs/tiny.yaml",
+    data: str = "",
+    pairs: int = 20000,
+    windows: int = 5,
+    steps: int = 10,
+    warmup: int = 3,
+    overrides: Sequence[str] = (),
+) -> list[Row]:
+    """Build both sides, warm them up (`warmup` untimed steps each), time the windows."""
+    data_dir = Path(data) if data else prepare_synthetic(work, pairs)
+    job = load_config(config, [f"data.dir={data_dir}", *overrides])
     env = init_distributed("cpu")
     model_cfg = resolve_model_config(job.model, Tokenizer(tokenizer_path(data_dir)))
     job = settle_precision(job, env, model_cfg)
     ours = PaperscaleSide(job, model_cfg, env, data_dir, work / "run")
     bare = BareSide(model_cfg, model_cfg.label_smoothing, job.train.precision)
-    for _ in range(args.warmup):
+    for _ in range(warmup):
         bare.step(ours.step())
-
-    profiler = cProfile.Profile() if args.profile else None
-    rows = time_windows(args, ours, bare, profiler)
-    report(args, job, bare, rows)
-    if profiler:
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
-        print(out.getvalue())
-
-
-if __name__ == "__main__":
-    main()
+    timed = time_windows(windows, steps, ours, bare)
+    total, ours_s, bare_s = (sum(t[i] for t in timed) for i in range(3))
+    ratios = sorted(t[2] / t[1] for t in timed)
+    case = {"config": config, "precision": job.train.precision, "zero_stage": job.train.zero_stage,
+            "grad_accum": job.train.grad_accum, "windows": windows, "steps": steps}  # fmt: skip
+    return [
+        row("paperscale step", total / ours_s, "tokens/s", **case),
+        row("bare PyTorch loop", total / bare_s, "tokens/s", **case),
+        row("ratio paperscale / bare", bare_s / ours_s, "x", goal=">= 0.90", **case),
+        row("median per-window ratio", ratios[len(ratios) // 2], "x", **case),
+    ]

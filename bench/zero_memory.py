@@ -1,8 +1,5 @@
 """Measured per-rank memory of the model states under ZeRO 0-3 against `paperscale plan`.
 
-    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python -m bench.zero_memory \\
-        --config configs/base.yaml [--worlds 1 2] [--bucket-elements N] [key=value ...]
-
 For each world size one `torchrun` starts that many CPU ranks (gloo); each rank builds the real
 DeepSpeed engine (trainer.ds.engine.build_engine) for stages 0, 1, 2 and 3 in turn, runs two
 optimizer steps of two micro-batches on random tokens, and after every backward and every
@@ -12,49 +9,36 @@ and the module's parameters (`.grad`, ZeRO 3's `ds_tensor`), each storage counte
 largest of those sums is the measured resident memory of parameters, gradients, optimizer
 states and DeepSpeed's persistent buffers. The prediction is launch.cost_model.plan's
 `resident` bytes plus the module buffers. Transient allocations inside backward/step (the
-ZeRO 1/2 reduce bucket, fp32 gradient copies) are outside both figures.
+ZeRO 1/2 reduce bucket, fp32 gradient copies) are outside both figures. Engines and prediction
+use the precision a training run would pick on this machine (`train.precision: auto` settled
+as the trainer settles it).
 
-`--bucket-elements` replaces trainer.ds.config.BUCKET_ELEMENTS in the engines and the
-prediction alike: at the default 5e8, ZeRO 3's resident 1 GB reduce bucket would dwarf a small
-model's states.
-
-Engines and prediction use the precision a training run would pick on this machine
-(`train.precision: auto` settled as the trainer settles it). `--smoke` takes the tiny preset
-at d_model 64, 2+2 layers, vocabulary 2000 and 1e5-element buckets, on 1 and 2 ranks;
-`--json PATH` writes measured / predicted per world size and stage as rows (with the measured
-and predicted bytes) for bench/suite.py.
+`bucket_elements` replaces trainer.ds.config.BUCKET_ELEMENTS in the engines and the prediction
+alike: at the default 5e8, ZeRO 3's resident 1 GB reduce bucket would dwarf a small model's
+states. Rows: measured / predicted per world size and stage (both byte counts as context), then
+the worst deviation.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import sys
-import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.common import (
-    CPU_ENV,
-    Row,
-    add_output_arguments,
-    row,
-    run_command,
-    settle_precision,
-    write_rows,
-)
+from bench.common import CPU_ENV, Row, row, run_command, settle_precision
 from launch.config import load_config
-from launch.cost_model.plan import (
-    Buckets,
-    model_state_bytes,
-    module_buffer_bytes,
-    persistent_numel,
-)
+from launch.cost_model.plan import Buckets, model_state_bytes, module_buffer_bytes, persistent_numel
 from model.config import ModelConfig
+from model.loss import label_smoothed_loss
 from model.params import count_parameters
+from trainer.dist import init_distributed
+from trainer.ds import config as ds_config
+from trainer.ds.engine import build_engine
 
 STAGES = (0, 1, 2, 3)
 TOLERANCE = 0.20
@@ -66,6 +50,8 @@ SMOKE = [
     "model.decoder_layers=2",
     "data.vocab_size=2000",
 ]
+# what each rank runs: worker(**json of its arguments)
+WORKER = "import json, sys; from bench.zero_memory import worker; worker(**json.loads(sys.argv[1]))"
 
 
 def _storages_of(obj: Any, out: dict[int, int], visited: set[int], depth: int = 0) -> None:
@@ -116,11 +102,15 @@ def live_storages(*roots: Any) -> dict[int, int]:
     return out
 
 
-def measure_stage(job: Any, model_cfg: ModelConfig, env: Any, stage: int) -> dict[str, float]:
-    """Build the engine for `stage`, train two steps, return the largest new resident bytes."""
-    from model.loss import label_smoothed_loss
-    from trainer.ds.engine import build_engine
+def new_bytes(engine: Any, exclude: set[int]) -> int:
+    """Bytes of the live storages under `engine` (and tracked by gc) not in `exclude`."""
+    live = live_storages(engine.optimizer, list(engine.module.parameters()))
+    return sum(b for p, b in live.items() if p not in exclude and p != 0)
 
+
+def measure_stage(job: Any, model_cfg: ModelConfig, env: Any, stage: int) -> tuple[float, str]:
+    """Build the engine for `stage` and train two steps: the largest new resident bytes after
+    a backward or a step, and the engine's optimizer class."""
     job.train.zero_stage = stage
     torch.manual_seed(1)
     vocab = model_cfg.vocab_size or 8
@@ -135,23 +125,19 @@ def measure_stage(job: Any, model_cfg: ModelConfig, env: Any, stage: int) -> dic
         loss, _, n = label_smoothed_loss(engine(src, tgt[:, :-1]), tgt[:, 1:], 0.1)
         engine.backward(loss / n)
         del loss, n
-        for _point in ("after backward", "after step"):
-            live = live_storages(engine.optimizer, list(engine.module.parameters()))
-            peak = max(peak, sum(b for p, b in live.items() if p not in exclude and p != 0))
-            if _point == "after backward":
-                engine.step()
+        peak = max(peak, new_bytes(engine, exclude))
+        engine.step()
+        peak = max(peak, new_bytes(engine, exclude))
     optimizer = type(engine.optimizer).__name__
     engine.destroy()
     del engine
     gc.unfreeze()
     gc.collect()
-    return {"stage": stage, "measured": float(peak), "optimizer": optimizer}
+    return float(peak), optimizer
 
 
 def predicted_bytes(model_cfg: ModelConfig, stage: int, world: int, precision: str) -> float:
     """launch.cost_model.plan's resident model states plus module buffers for this rank."""
-    from trainer.ds import config as ds_config
-
     elems = ds_config.BUCKET_ELEMENTS
     buckets = Buckets(elems, elems, elems, 100_000)
     persistent = persistent_numel(model_cfg, buckets.persistence_threshold) if stage == 3 else 0
@@ -160,109 +146,63 @@ def predicted_bytes(model_cfg: ModelConfig, stage: int, world: int, precision: s
     return states["resident"] + module_buffer_bytes(model_cfg)
 
 
-def worker(args: argparse.Namespace) -> None:
-    """One rank: every stage in turn; rank 0 appends its rows to --out."""
-    from trainer.dist import init_distributed
-    from trainer.ds import config as ds_config
-
-    if args.bucket_elements:
-        ds_config.BUCKET_ELEMENTS = args.bucket_elements
-    job = load_config(args.config, args.overrides)
+def worker(out: str, config: str, bucket_elements: int, overrides: list[str]) -> None:
+    """One rank under torchrun: every stage in turn; rank 0 appends its rows to `out` as JSON
+    lines."""
+    if bucket_elements:
+        ds_config.BUCKET_ELEMENTS = bucket_elements
+    job = load_config(config, overrides)
     job.logging.wandb = "disabled"
     env = init_distributed("cpu")
     vocab = job.model.vocab_size or job.data.vocab_size
     model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
     job = settle_precision(job, env, model_cfg)
+    world, precision = env.world_size, job.train.precision
     rows = []
     for stage in STAGES:
-        result = measure_stage(job, model_cfg, env, stage)
-        result["world"] = env.world_size
-        result["precision"] = job.train.precision
-        result["predicted"] = predicted_bytes(model_cfg, stage, env.world_size, job.train.precision)
-        result["ratio"] = result["measured"] / result["predicted"]
-        rows.append(result)
+        measured, optimizer = measure_stage(job, model_cfg, env, stage)
+        predicted = predicted_bytes(model_cfg, stage, world, precision)
+        rows.append(
+            row(
+                f"measured / predicted, {world} rank(s), ZeRO {stage}",
+                measured / predicted,
+                "x",
+                world=world,
+                stage=stage,
+                measured=measured,
+                predicted=predicted,
+                optimizer=optimizer,
+                precision=precision,
+                config=config,
+            )
+        )
     if env.is_main:
-        with open(args.out, "a") as fh:
-            for row in rows:
-                fh.write(json.dumps(row) + "\n")
+        with open(out, "a") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
 
 
-def run_world(args: argparse.Namespace, world: int, out: Path) -> None:
-    """One torchrun of `world` ranks over every stage."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={world}", str(Path(__file__).resolve()), "--worker",
-        "--out", str(out), "--config", args.config,
-        "--bucket-elements", str(args.bucket_elements), *args.overrides,
-    ]  # fmt: skip
-    run_command(cmd, out.with_name(f"world{world}.log"), CPU_ENV, args.timeout)
-
-
-def format_table(rows: list[dict]) -> str:
-    precision = rows[0]["precision"] if rows else "?"
-    lines = [
-        f"precision {precision}",
-        "ranks  stage  optimizer                        measured MiB  predicted MiB  ratio",
-    ]
-    for r in rows:
-        lines.append(
-            f"{r['world']:>5}  {r['stage']:>5}  {r['optimizer']:<31}  "
-            f"{r['measured'] / 2**20:>12.2f}  {r['predicted'] / 2**20:>13.2f}  {r['ratio']:5.2f}"
-        )
-    return "\n".join(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/base.yaml")
-    parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--bucket-elements", type=int, default=0, help="0 = ds_config's")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per torchrun")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("overrides", nargs="*")
-    add_output_arguments(parser, "configs/tiny.yaml at d_model 64, vocabulary 2000, 1e5 buckets")
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
-        return
-    if args.smoke:
-        args.config, args.bucket_elements = "configs/tiny.yaml", 100_000
-        args.overrides = [*SMOKE, *args.overrides]
-    with tempfile.TemporaryDirectory(prefix="zero-memory-") as tmp:
-        out = Path(tmp) / "rows.jsonl"
-        for world in args.worlds:
-            run_world(args, world, out)
-        rows = [json.loads(line) for line in out.read_text().splitlines()]
-    print(f"config {args.config} {' '.join(args.overrides)}".rstrip())
-    print(format_table(rows))
-    worst = max(abs(r["ratio"] - 1) for r in rows)
-    print(f"worst |measured/predicted - 1| = {worst:.3f} (tolerance {TOLERANCE})")
-    write_rows(args.json, result_rows(rows, args))
-
-
-def result_rows(rows: list[dict], args: argparse.Namespace) -> list[Row]:
-    """The suite's rows: measured / predicted per world size and stage (with both byte counts
-    and the fields of the table as context), then the worst deviation."""
-    out = [
-        row(
-            f"measured / predicted, {r['world']} rank(s), ZeRO {r['stage']}",
-            r["ratio"],
-            "x",
-            world=r["world"],
-            stage=r["stage"],
-            measured=r["measured"],
-            predicted=r["predicted"],
-            optimizer=r["optimizer"],
-            precision=r["precision"],
-            config=args.config,
-        )
-        for r in rows
-    ]
-    worst = max(abs(r["ratio"] - 1) for r in rows)
-    out.append(row("worst |measured / predicted - 1|", worst, "x", tolerance=TOLERANCE))
-    return out
-
-
-if __name__ == "__main__":
-    main()
+def measure(
+    work: Path,
+    config: str = "configs/base.yaml",
+    worlds: Sequence[int] = (1, 2),
+    bucket_elements: int = 0,
+    timeout: float = 900.0,
+    overrides: Sequence[str] = (),
+    smoke: bool = False,
+) -> list[Row]:
+    """Every stage on each world size, one torchrun (`timeout` seconds at most) per world;
+    `bucket_elements` 0 keeps trainer.ds.config's. Smoke: the tiny preset at d_model 64, 2+2
+    layers, vocabulary 2000 and 1e5-element buckets."""
+    if smoke:
+        config, bucket_elements, overrides = "configs/tiny.yaml", 100_000, [*SMOKE, *overrides]
+    out = work / "rows.jsonl"
+    out.unlink(missing_ok=True)
+    args = {"out": str(out), "config": config, "bucket_elements": bucket_elements}
+    argv = [sys.executable, "-c", WORKER, json.dumps({**args, "overrides": list(overrides)})]
+    for world in worlds:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd = [*torchrun, f"--nproc_per_node={world}", "--no-python", *argv]
+        run_command(cmd, work / f"world{world}.log", CPU_ENV, timeout)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    worst = max(abs(r["value"] - 1) for r in rows)
+    return [*rows, row("worst |measured / predicted - 1|", worst, "x", tolerance=TOLERANCE)]

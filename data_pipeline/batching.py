@@ -13,7 +13,7 @@ already :data:`SHAPE_CUT_FILL` full.  Version 3 cuts a batch to a multiple of ``
 rows (the rest opens the next batch): that makes ``B * T``, the row count of every
 projection's matrix product, a multiple of 8 without padding any row.  Padding the *lengths* to
 a multiple of 8 (``pad_multiple``) costs a short-sentence corpus much more (a 13-token row costs
-16 in any batch); ``python -m bench.data`` measures both parts.  How low the padding gets
+16 in any batch); ``python -m bench data`` measures both parts.  How low the padding gets
 depends mostly on the window: the more rows of each (S, T) shape a window holds, the closer
 its batches' rows are in length.
 Ties are broken by a random permutation of the window, and the batch order is shuffled

@@ -1,5 +1,5 @@
-"""bench.data end to end on the small test corpus: every table is printed with sane figures,
-and batching v2 pads no more than v1 on the same windows."""
+"""bench.data end to end on the small test corpus: every section's rows with sane figures, and
+batching v2 pads no more than v1 on the same windows."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import data as bench
-from bench.data_padding import PADDING_ROWS, padding_stats, read_lengths
+from bench.data import PADDING_ROWS, padding_stats, read_lengths
 from tests.data_pipeline.conftest import MAX_LEN
 
 
@@ -29,26 +29,15 @@ def test_padding_split_and_v2_not_worse(prepared: Path) -> None:
         assert v3["padding"] < v2["padding"] + 0.02
 
 
-def _table(out: str, title: str) -> list[list[str]]:
-    """Data rows (after the header line) of the section whose title starts with ``title``."""
-    section = out.split(f"## {title}", 1)[1].split("##", 1)[0]
-    lines = [line.split() for line in section.splitlines()[2:] if line.strip()]
-    return [row for row in lines if not row[0].startswith("#")]
-
-
-def test_bench_runs_and_prints_every_table(
-    corpus_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    args = ["--corpus", str(corpus_dir), "--work", str(tmp_path), "--vocab-size", "300"]
-    args += ["--seconds", "0.5", "--pairs", "4000", "--spm-sentences", "5000"]
-    assert bench.main(args) == 0
-    out = capsys.readouterr().out
-    shards = {row[0]: row for row in _table(out, "shards")}
-    assert float(shards["tar.gz"][2]) < float(shards["tar"][2]) / 5  # bytes per sample
-    loader = _table(out, "loader")
-    assert [(r[0], r[1]) for r in loader] == [("tar", "0"), ("tar", "1"), ("tar.gz", "0"),
-                                             ("tar.gz", "1")]  # fmt: skip
-    assert all(float(r[2]) > 0 for r in loader)  # tokens/s
-    assert len(_table(out, "padding")) == len(PADDING_ROWS)
-    (prep,) = _table(out, "prepare")
-    assert prep[0] == "4000" and float(prep[4]) > 0  # pairs/s
+def test_bench_measures_every_section(corpus_dir: Path, tmp_path: Path) -> None:
+    kw = {"vocab_size": 300, "seconds": 0.5, "pairs": [4000], "spm_sentences": 5000}
+    rows = bench.measure(tmp_path, corpus=str(corpus_dir), **kw)
+    value = {r["figure"]: r["value"] for r in rows}
+    assert value["shard bytes per sample, tar.gz"] < value["shard bytes per sample, tar"] / 5
+    loader = [r for r in rows if r["figure"].startswith("loader, ")]
+    cases = [("tar", 0), ("tar", 1), ("tar.gz", 0), ("tar.gz", 1)]
+    assert [(r["shards"], r["workers"]) for r in loader] == cases
+    assert all(r["value"] > 0 for r in loader)  # tokens/s
+    assert len([r for r in rows if r["figure"].startswith("padding, ")]) == len(PADDING_ROWS)
+    (prep,) = [r for r in rows if r["figure"].endswith("pairs, shard stage")]
+    assert prep["pairs"] == 4000 and prep["value"] > 0  # pairs/s

@@ -4,6 +4,8 @@ on fake benches and rows."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import math
 import os
@@ -18,8 +20,9 @@ from typing import Any
 
 import pytest
 
+from bench import __main__ as bench_main
 from bench import machine, registry, report, runner, suite
-from bench.common import check_rows, write_rows
+from bench.common import check_rows, missed_goals, write_rows
 from tests.integration.conftest import ROOT, cli_env
 
 MACHINE = {
@@ -39,37 +42,21 @@ MACHINE = {
 def _gpu_configurations(outcome: runner.Outcome) -> None:
     """bench/gpu.sh --smoke: ZeRO 1 and 2 on unpadded batches, ZeRO 2 with torch.compile, and
     ZeRO 1 on WMT14-like lengths through the batcher, train on CPU through the trainer's engine
-    and step; the final table has one row per configuration with finite
-    figures (padding only in the WMT14-like row), and so do the rows."""
-    log = Path(outcome.log).read_text()
-    table = log.split("== bench/gpu.sh (smoke)")[-1]
-    assert "zero  compile  lengths  padding" in table
-    rows = re.findall(
-        r"^\s+([12])\s+(yes|no)\s+(fixed|wmt14)\s+([\d.]+)%\s+([\d.]+)\s+(\d+)\s",
-        table,
-        flags=re.M,
-    )
-    assert sorted((z, c, n) for z, c, n, *_ in rows) == [
-        ("1", "no", "fixed"),
-        ("1", "no", "wmt14"),
-        ("2", "no", "fixed"),
-        ("2", "yes", "fixed"),
-    ]
-    for _, _, lengths, padding, step_s, tokens_per_s in rows:
-        assert float(step_s) > 0 and int(tokens_per_s) > 0
-        assert (float(padding) > 0) == (lengths == "wmt14")
-    losses = [
-        float(line.split()[-1]) for line in table.splitlines() if re.match(r"^\s+[12]\s", line)
-    ]
-    assert len(losses) == 4 and all(0 < loss < 10 for loss in losses)  # ~ln(64) at the start
+    and step; the rows have one set per configuration with positive tokens/s and step time, a
+    loss in (0, 10) and padding only in the WMT14-like one."""
     figures = {(r["zero"], r["compile"], r["lengths"], r["unit"]): r["value"] for r in outcome.rows}
-    cases = [(1, False, "fixed"), (2, False, "fixed"), (2, True, "fixed")]
-    for case in [*cases, (1, False, "wmt14")]:
+    cases = sorted({key[:3] for key in figures})
+    assert cases == [
+        (1, False, "fixed"),
+        (1, False, "wmt14"),
+        (2, False, "fixed"),
+        (2, True, "fixed"),
+    ]
+    for case in cases:
         assert figures[(*case, "tokens/s")] > 0
         assert figures[(*case, "s")] > 0
-        assert 0 < figures[(*case, "loss")] < 10
-    assert figures[(1, False, "wmt14", "%")] > 0
-    assert figures[(1, False, "fixed", "%")] == 0
+        assert 0 < figures[(*case, "loss")] < 10  # ~ln(64) at the start
+        assert (figures[(*case, "%")] > 0) == (case[2] == "wmt14")
 
 
 def _zero_memory_within_plan(outcome: runner.Outcome) -> None:
@@ -231,33 +218,62 @@ def test_bench_runs_at_smoke_size(name: str, tmp_path: Path) -> None:
 # the registry
 
 
-def test_registry_runs_every_bench_in_bench_dir() -> None:
-    """A new bench script must be registered (or it would not run in CI): every program in
-    bench/ (a module with a `__main__` block, or a shell script) appears in some registered
-    command; modules without one are the harness's and the benches' shared code."""
-    # gpu.sh runs gpu_bench, peer_fairseq runs fairseq_worker under fairseq's python, and the
-    # suite is the harness's command line
-    elsewhere = {"suite.py", "gpu_bench.py", "fairseq_worker.py"}
-    main_block = 'if __name__ == "__main__":'
-    programs = {
-        p.name
-        for p in (ROOT / "bench").iterdir()
-        if p.suffix == ".sh" or (p.suffix == ".py" and main_block in p.read_text())
-    }
-    assert elsewhere <= programs
-    commands = " ".join(" ".join(b.full + b.smoke) for b in registry.REGISTRY)
-    for script in sorted(programs - elsewhere):
-        module = f"bench.{Path(script).stem}"
-        assert f"bench/{script}" in commands or module in commands.split(), script
+def test_every_registered_function_takes_its_full_and_smoke_arguments() -> None:
+    """Each bench's `module:function` exists and takes every keyword its full and smoke sizes
+    give (a typo fails here, not after hours of a full run); names are unique."""
+    for b in registry.REGISTRY:
+        if not b.measure:
+            assert b.run and not b.full and not b.smoke, b.name
+            continue
+        module, _, function = b.measure.partition(":")
+        params = inspect.signature(getattr(importlib.import_module(f"bench.{module}"), function))
+        assert set(b.full) | set(b.smoke) <= set(params.parameters) - {"work"}, b.name
     names = [b.name for b in registry.REGISTRY]
     assert len(names) == len(set(names))
 
 
-def test_every_smoke_command_is_a_smoke_run_with_json() -> None:
+def test_every_module_in_bench_is_the_harness_a_bench_or_used_by_one() -> None:
+    """A bench module nothing registers would never run in CI."""
+    harness = {"__init__", "__main__", "common", "machine", "registry", "report", "runner",
+               "suite"}  # fmt: skip
+    registered = {b.measure.partition(":")[0] for b in registry.REGISTRY if b.measure}
+    sources = " ".join(
+        p.read_text() for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")
+    )
+    for path in (ROOT / "bench").glob("*.py"):
+        used = f"bench.{path.stem}" in sources or f"bench/{path.name}" in sources
+        assert path.stem in harness | registered or used, path.name
+
+
+def test_every_command_passes_its_size_and_the_rows_file() -> None:
     for b in registry.REGISTRY:
-        assert "--smoke" in b.smoke and "--smoke" not in b.full, b.name
-        for command in (b.full, b.smoke):
+        full, smoke = b.command(False), b.command(True)
+        assert "--smoke" in smoke and "--smoke" not in full, b.name
+        for command in (full, smoke):
             assert command[command.index("--json") + 1] == "{json}", b.name
+
+
+def test_a_bench_by_name_takes_known_keywords_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench NAME key=value`: an unknown name or keyword is one line and exit 2."""
+    assert bench_main.main(["nonesuch"]) == 2
+    assert "no bench 'nonesuch' here; known: decode" in capsys.readouterr().err
+    assert bench_main.main(["attention", "--smoke", "lengths=3"]) == 2
+    assert "attention takes key=value with a key in ['config', 'smoke']: lengths=3" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_bench_by_name_prints_its_rows_and_fails_on_a_missed_goal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = tmp_path / "rows.json"
+    assert bench_main.main(["attention", "--smoke", "--json", str(rows)]) == 0
+    written = json.loads(rows.read_text())
+    assert {r["figure"] for r in written} >= {"fp32 causal T=16, math", "fp32 causal T=16, flash"}
+    assert "fp32 causal T=16, math" in capsys.readouterr().out
+    assert missed_goals([{"figure": "ratio", "value": 0.8, "unit": "x", "goal": ">= 0.90"}]) == [
+        "ratio 0.8 (goal >= 0.90)"
+    ]
 
 
 def test_unknown_bench_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -274,7 +290,7 @@ def fake(name: str, code: str, **kw: Any) -> registry.Bench:
     return registry.Bench(
         name,
         f"{name} about",
-        ("{python}", "-c", code),
+        run=("{python}", "-c", code),
         env={"FAKE_BENCH": "1"},
         timeout_s=kw.pop("timeout_s", 60),
         smoke_timeout_s=kw.pop("smoke_timeout_s", 60),
@@ -417,7 +433,7 @@ from bench import registry, suite
 pid_file, work = sys.argv[1], Path(sys.argv[2])
 sleeper = ("{python}", "-c", f"import os, time; open({pid_file!r}, 'w').write(str(os.getpid())); "
            "time.sleep(600)")
-registry.REGISTRY = (registry.Bench("sleeper", "sleeps", sleeper, env={}, timeout_s=600),)
+registry.REGISTRY = (registry.Bench("sleeper", "sleeps", run=sleeper, env={}, timeout_s=600),)
 suite.machine_info = lambda: {"cpu": "c", "cores": 1, "native_bf16": False, "gpu": "none",
                               "python": "3", "torch": "t", "deepspeed": "d"}
 sys.exit(suite.command_line(["--work-dir", str(work), "--results", str(work / "R.md")]))
@@ -635,7 +651,7 @@ def test_suite_cli_lists_the_registry() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     for b in registry.REGISTRY:
-        assert f"{b.name}\n  full:  " in proc.stdout
+        assert f"{b.name}: {b.about}\n  full:  " in proc.stdout
 
 
 def test_the_gpu_checks_run_registered_benches_and_the_gpu_tests() -> None:

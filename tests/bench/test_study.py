@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import study
-from bench.common import SMOKE_MODEL
+from bench.common import SMOKE_MODEL, missed_goals
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = sorted((ROOT / "configs" / "bench").glob("*.yaml"))
@@ -46,7 +46,8 @@ def test_a_study_without_arms_or_with_an_unknown_reduce_is_refused(tmp_path: Pat
     )
     with pytest.raises(ValueError, match="unknown reduce 'fastest'"):
         study.load_study(bad, smoke=False)
-    assert study.main([str(bad), "--work", str(tmp_path / "w")]) == 2
+    with pytest.raises(ValueError, match="unknown reduce 'fastest'"):
+        study.run_study(tmp_path / "w", str(bad))  # before any run
     bad.write_text(
         "config: configs/tiny.yaml\ndata: {synthetic: 10}\narms: {a: {}, b: {}}\n"
         "figures: [{name: x, reduce: mean, unit: s}]\n"
@@ -98,7 +99,7 @@ def test_comparisons_and_goals(tmp_path: Path) -> None:
     assert [(r["figure"], r["value"]) for r in rows] == [
         ("a speed", 3.0), ("b speed", 1.5), ("a / b", 2.0)
     ]  # fmt: skip
-    assert study.missed_goals(rows) == ["b speed 1.5 (goal >= 2)", "a / b 2 (goal <= 1)"]
+    assert missed_goals(rows) == ["b speed 1.5 (goal >= 2)", "a / b 2 (goal <= 1)"]
 
 
 def test_an_arm_with_a_checkout_runs_from_a_worktree_of_that_revision(tmp_path: Path) -> None:

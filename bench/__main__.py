@@ -1,0 +1,96 @@
+"""One registered bench by name: `python -m bench NAME [--smoke] [--work DIR] [--json PATH]
+[key=value ...]`.
+
+The harness owns what every bench shares: the registry gives the bench's measuring function
+and the keyword arguments of its full or smoke size (bench/registry.py; `python -m bench.suite
+--list` prints them), `key=value` changes one of them (the value read as YAML: 3, 0.5, true,
+[1, 2], a path), and the rows the function returns are printed as a table and written to
+`--json PATH` for bench/suite.py. Under torchrun (a bench of `ranks` > 1) rank 0 reports. A
+row with a `goal` (">= 0.90") that its value misses makes a full-size run exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.common import Row, missed_goals, write_rows
+from bench.registry import Bench, find, names
+from bench.report import format_value
+
+
+def parse_params(pairs: Sequence[str], bench: Bench, fn: Any) -> dict[str, Any]:
+    """`key=value` pairs as keyword arguments of `fn`; ValueError naming a malformed or unknown
+    one."""
+    known = set(inspect.signature(fn).parameters) - {"work"}
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"{bench.name} takes key=value with a key in {sorted(known)}: {pair}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def print_rows(rows: Sequence[Row]) -> None:
+    """The rows as a table: figure, value and unit, then the case they measured."""
+    for r in rows:
+        details = ", ".join(
+            f"{k}={v}" for k, v in r.items() if k not in ("figure", "value", "unit")
+        )
+        print(
+            f"{r['figure']:<48} {format_value(r['value']):>10} {r['unit']:<12} {details}",
+            flush=True,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("name", help="a registered bench")
+    p.add_argument("--smoke", action="store_true", help="its smoke size: seconds")
+    p.add_argument("--work", type=Path, help="scratch directory (default: a temporary one)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows here")
+    p.add_argument("params", nargs="*", metavar="key=value", help="a keyword of its function")
+    args = p.parse_intermixed_args(argv)
+    bench = find(args.name)
+    if bench is None or not bench.measure:
+        runnable = [n for n in names() if (b := find(n)) is not None and b.measure]
+        print(f"bench: no bench {args.name!r} here; known: {', '.join(runnable)}", file=sys.stderr)
+        return 2
+    module, _, function = bench.measure.partition(":")
+    fn = getattr(importlib.import_module(f"bench.{module}"), function)
+    try:
+        params = {
+            **(bench.smoke if args.smoke else bench.full),
+            **parse_params(args.params, bench, fn),
+        }
+    except ValueError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix=f"bench-{bench.name}-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        rows = (
+            fn(work=work, **params) if "work" in inspect.signature(fn).parameters else fn(**params)
+        )
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
+    print_rows(rows)
+    write_rows(args.json, rows)
+    missed = [] if args.smoke else missed_goals(rows)
+    for line in missed:
+        print(f"FAIL: {line}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
