@@ -13,6 +13,7 @@ EOS_ID = 3
 # Logits per chunk of the training loss (model/loss.py): 64 MiB in fp32. Here, not in
 # model/loss.py, so that the planner (launch/cost_model/activations.py) reads it without torch.
 LOSS_CHUNK_ELEMENTS = 2**24
+LOSS_W_SLICE_ROWS = 4096  # vocabulary rows of the projection's gradient per product (model/loss.py)
 
 
 @dataclass

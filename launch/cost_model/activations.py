@@ -8,7 +8,7 @@ Pure arithmetic on the model's shapes (no torch), checked against what autograd 
 from __future__ import annotations
 
 from launch.cost_model.save import weight_bytes
-from model.config import LOSS_CHUNK_ELEMENTS, ModelConfig
+from model.config import LOSS_CHUNK_ELEMENTS, LOSS_W_SLICE_ROWS, ModelConfig
 
 
 def activation_bytes_per_token(
@@ -62,9 +62,9 @@ def loss_workspace_bytes(
     The (V, d) gradient of the projection is accumulated in fp32 (4 V d) over the chunks of C =
     LOSS_CHUNK_ELEMENTS logits. On top of it, the larger of two moments of a chunk: in fp32 its
     logits and their log-probabilities (8 C), in bf16 / fp16 its logits and their softmax in
-    the compute dtype (2 a C); or its gradient in the compute dtype with the chunk's (V, d)
-    product (a C + a V d). None when compiled: the fused plain loss has no chunks (its logits
-    are per token, above).
+    the compute dtype (2 a C); or its gradient in the compute dtype with one slice of S =
+    LOSS_W_SLICE_ROWS rows of the (V, d) product and that slice's fp32 copy (a C + (a + 4) S d).
+    None when compiled: the fused plain loss has no chunks (its logits are per token, above).
     """
     if compiled:
         return 0.0
@@ -72,7 +72,8 @@ def loss_workspace_bytes(
     assert cfg.vocab_size is not None
     c, vd = LOSS_CHUNK_ELEMENTS, cfg.vocab_size * cfg.d_model
     first = 8 * c if a == 4 else 2 * a * c
-    return float(4 * vd + max(first, a * c + a * vd))
+    sliced = (a + 4) * min(LOSS_W_SLICE_ROWS, cfg.vocab_size) * cfg.d_model
+    return float(4 * vd + max(first, a * c + sliced))
 
 
 def per_token_bytes(

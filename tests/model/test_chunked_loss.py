@@ -23,10 +23,12 @@ def inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("chunk_elements", [2**24, 50 * 4, 50])  # one chunk, 4 rows, 1 row
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("slice_rows", [4096, 16])  # W's gradient whole, in 4 slices of V
 def test_same_loss_and_gradients_as_the_logits_path(
-    monkeypatch: pytest.MonkeyPatch, chunk_elements: int, epsilon: float
+    monkeypatch: pytest.MonkeyPatch, chunk_elements: int, epsilon: float, slice_rows: int
 ) -> None:
     monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(loss_module, "W_SLICE_ROWS", slice_rows)
     h, weight, target = inputs()
     h1, w1 = h.clone().requires_grad_(), weight.clone().requires_grad_()
     ref = label_smoothed_loss(F.linear(h1, w1), target, epsilon)
@@ -65,14 +67,16 @@ def test_bf16_is_close_to_fp32() -> None:
 
 @pytest.mark.parametrize("chunk_elements", [2**24, 50 * 4])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("slice_rows", [4096, 16])
 def test_low_precision_path_matches_fp32_on_the_same_inputs(
-    monkeypatch: pytest.MonkeyPatch, chunk_elements: int, dtype: torch.dtype
+    monkeypatch: pytest.MonkeyPatch, chunk_elements: int, dtype: torch.dtype, slice_rows: int
 ) -> None:
     """The bf16 / fp16 path (softmax in the compute dtype, loss terms from identities) against
     the fp32 path on the very same (rounded) inputs: sums within 1e-3 relative (P's target
     column is rounded once), gradients within the compute dtype's rounding of P (2e-2 of
     each gradient's norm), padding rows without gradient."""
     monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(loss_module, "W_SLICE_ROWS", slice_rows)
     h, weight, target = inputs(3)
     h16, w16 = h.to(dtype).requires_grad_(), weight.to(dtype).requires_grad_()
     low = chunked_label_smoothed_loss(h16, w16, target, 0.1)
