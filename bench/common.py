@@ -10,7 +10,6 @@ so every bench reports the same way whatever it prints for a human.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -41,14 +40,6 @@ SMOKE_MODEL = [
 def row(figure: str, value: float, unit: str, **context: Any) -> Row:
     """One figure of a bench; `context` names the case it measured (JSON-serialisable)."""
     return {"figure": figure, "value": float(value), "unit": unit, **context}
-
-
-def add_output_arguments(parser: argparse.ArgumentParser, smoke: str) -> None:
-    """Add the two options every bench has: --smoke (described by `smoke`) and --json PATH."""
-    parser.add_argument("--smoke", action="store_true", help=f"a run of seconds: {smoke}")
-    parser.add_argument(
-        "--json", metavar="PATH", help="also write the key figures to PATH as a JSON list of rows"
-    )
 
 
 def check_rows(rows: Sequence[Row]) -> list[Row]:

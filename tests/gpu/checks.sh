@@ -3,7 +3,7 @@
 #   1. the CUDA tests (tests/gpu: the step's synchronisations, CUDA's attention kernels against
 #      math, a profiled run with background saves resumed to the sample);
 #   2. the SDPA kernels side by side at the big model's shapes (bench `attention_gpu`);
-#   3. bench/gpu.sh's table (tokens/s, MFU, memory of the big model; bench `gpu`).
+#   3. bench/gpu.sh's figures (tokens/s, MFU, memory of the big model; bench `gpu`).
 #
 #   bash tests/gpu/checks.sh [OUT_DIR]     # from the repository root; logs and rows in OUT_DIR
 #
