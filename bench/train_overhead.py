@@ -1,21 +1,20 @@
 """Tokens/s of the paperscale training step against a bare PyTorch loop, side by side.
 
-One process (a world of one). The paperscale side is the trainer's own step: the DeepSpeed
-engine from trainer.ds.engine.build_engine (ZeRO and accumulation as configured), batches
-streamed by data_pipeline's TokenBatchStream from real shards, trainer.step.train_step, the
-per-step window sums and host-side FLOPs, and every `train.log_every` steps the all-reduce and
-a metrics.jsonl line through MetricsLogger. The bare side is the same Transformer in plain
-PyTorch: its training forward (the same chunked label-smoothed loss sums), the same loss
-normalisation, torch.optim.AdamW, replaying exactly the micro-batches the paperscale side
-consumed in the window before (so the token counts are equal and the bare side pays no data
-loading). Windows alternate, so the machine's load drifts equally on both; the figure is the
-ratio of summed tokens/s.
+One process (a world of one). The paperscale side is the trainer itself: trainer.loop.Trainer
+built from the settled job as `paperscale train` builds it (the DeepSpeed engine, ZeRO and
+accumulation as configured, batches streamed by data_pipeline's TokenBatchStream from real
+shards), and the loop's own body for each step (step, log, evaluate and save when due: here
+only the metrics.jsonl line every `train.log_every` steps, with its all-reduce). The bare side
+is the same Transformer in plain PyTorch: its training forward (the same chunked
+label-smoothed loss sums), the same loss normalisation, torch.optim.AdamW, replaying exactly
+the micro-batches the trainer consumed in the window before (so the token counts are equal and
+the bare side pays no data loading). Windows alternate, so the machine's load drifts equally
+on both; the figure is the ratio of summed tokens/s.
 
 Both sides compute in the same precision, so the ratio measures the trainer's overhead and not
-a precision difference: `train.precision` is settled as a training run settles it (`auto`:
-bf16 only where the CPU computes it natively, else fp32; PAPERSCALE_CPU_BF16=0|1 forces it),
-the engine is built with it, and the bare loop runs fp32 weights under bf16 autocast when it is
-bf16 and plain fp32 otherwise. Without `data`, a synthetic corpus of `pairs` training pairs is
+a precision difference: the bare loop runs fp32 weights under bf16 autocast when the trainer
+settled on bf16 (`auto`: where the CPU computes it natively; PAPERSCALE_CPU_BF16=0|1 forces
+it) and plain fp32 otherwise. Without `data`, a synthetic corpus of `pairs` training pairs is
 prepared under the work directory first.
 """
 
@@ -23,71 +22,62 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.common import Row, prepare_synthetic, row, settle_precision
-from data_pipeline.loader import Batch, TokenBatchStream
-from data_pipeline.manifest import tokenizer_path
-from data_pipeline.tokenizer import Tokenizer
-from launch.config import load_config
+from bench.common import QUIET_SINKS, Row, prepare_synthetic, row
+from data_pipeline.loader import Batch
+from launch.config import load_config, to_dict
 from model.transformer import Transformer
 from trainer.dist import init_distributed
-from trainer.ds.engine import build_engine, resolve_model_config, seed_everything
-from trainer.metrics import MetricsLogger, Throughput
+from trainer.ds.engine import seed_everything
+from trainer.loop import Trainer
 from trainer.run_dir import RunDir
-from trainer.sinks import JsonlSink
-from trainer.step import batch_flops, skipped_counts, train_step
+from trainer.settle import settle_job
+from trainer.signals import StopRequest
 
 
-class PaperscaleSide:
-    """The trainer's step with its stream, window sums and periodic metrics logging."""
+class Taken:
+    """The trainer's batch iterator, keeping the batches it hands out since the last `clear`."""
 
-    def __init__(self, job: Any, model_cfg: Any, env: Any, data_dir: Path, run_dir: Path) -> None:
-        seed_everything(job.train.seed)
-        self.engine = build_engine(job, model_cfg, env)
-        self.job, self.model_cfg, self.env = job, model_cfg, env
-        self.stream = TokenBatchStream(
-            data_dir, "train", job.data, rank=env.rank, world_size=env.world_size, shuffle=True
-        )
-        self.batches = iter(self.stream)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.logger = MetricsLogger([JsonlSink(RunDir(run_dir).metrics)])
-        self.window = torch.zeros(4, dtype=torch.float64, device=env.device)
-        self.window_flops = 0.0
-        self.timer = Throughput()
-        self.step_no = 0
+    def __init__(self, batches: Iterator[Batch]) -> None:
+        self.batches, self.taken = batches, list[Batch]()
 
-    def step(self) -> list[Batch]:
-        micro = [next(self.batches) for _ in range(self.job.train.grad_accum)]
-        sums = train_step(
-            self.engine, micro, self.env, self.model_cfg.label_smoothing, [False, False]
-        ).sums
-        self.window += sums
-        self.window_flops += batch_flops(self.model_cfg, micro)
-        self.step_no += 1
-        if self.step_no % self.job.train.log_every == 0:
-            extra = torch.tensor(
-                [self.window_flops, *skipped_counts(self.stream)], dtype=torch.float64
-            )
-            reduced = torch.cat([self.window, extra])
-            torch.distributed.all_reduce(reduced)
-            loss_sum, _, tgt, src, *_ = reduced.tolist()
-            self.window.zero_()
-            self.window_flops = 0.0
-            seconds = self.timer.lap()
-            self.logger.log(
-                self.step_no,
-                {
-                    "loss": loss_sum / tgt,
-                    "lr": self.engine.get_lr()[0],
-                    "tokens_per_s": (src + tgt) / seconds,
-                },
-            )
-        return micro
+    def __iter__(self) -> Taken:
+        return self
+
+    def __next__(self) -> Batch:
+        self.taken.append(next(self.batches))
+        return self.taken[-1]
+
+
+def open_trainer(job: Any, run_dir: Path) -> Trainer:
+    """The trainer of a new run of `job` in `run_dir`, set up as `paperscale train` sets it up
+    (settled precision, restored nothing, sinks open), its batches kept."""
+    env = init_distributed("cpu")
+    run = RunDir(run_dir)
+    run.root.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(settle_job(job, run, to_dict(job), env), run, env, StopRequest())
+    trainer.restore_and_open()
+    trainer.batches = Taken(trainer.batches)
+    return trainer
+
+
+def trainer_steps(trainer: Trainer, steps: int) -> list[list[Batch]]:
+    """`steps` turns of the training loop's body; the micro-batches of each step."""
+    taken = trainer.batches
+    assert isinstance(taken, Taken)
+    taken.taken.clear()
+    for _ in range(steps):
+        trainer.step()
+        trainer.maybe_log()
+        trainer.maybe_evaluate()
+        trainer.maybe_save()
+    k = trainer.cfg.grad_accum
+    return [taken.taken[i : i + k] for i in range(0, len(taken.taken), k)]
 
 
 class BareSide:
@@ -127,14 +117,14 @@ def tokens_of(micros: list[list[Batch]]) -> int:
 
 
 def time_windows(
-    windows: int, steps: int, ours: PaperscaleSide, bare: BareSide
+    windows: int, steps: int, trainer: Trainer, bare: BareSide
 ) -> list[tuple[int, float, float]]:
-    """`windows` windows of `steps` steps, paperscale's and then the bare loop's on the same
+    """`windows` windows of `steps` steps, the trainer's and then the bare loop's on the same
     micro-batches; (tokens, paperscale seconds, bare seconds) of each."""
     out = []
     for _ in range(windows):
         start = time.perf_counter()
-        micros = [ours.step() for _ in range(steps)]
+        micros = trainer_steps(trainer, steps)
         ours_s = time.perf_counter() - start
         start = time.perf_counter()
         for micro in micros:
@@ -155,15 +145,15 @@ def measure(
 ) -> list[Row]:
     """Build both sides, warm them up (`warmup` untimed steps each), time the windows."""
     data_dir = Path(data) if data else prepare_synthetic(work, pairs)
-    job = load_config(config, [f"data.dir={data_dir}", *overrides])
-    env = init_distributed("cpu")
-    model_cfg = resolve_model_config(job.model, Tokenizer(tokenizer_path(data_dir)))
-    job = settle_precision(job, env, model_cfg)
-    ours = PaperscaleSide(job, model_cfg, env, data_dir, work / "run")
+    only_steps = ["train.max_steps=1000000000", "train.budget_minutes=0", "train.eval_every=0",
+                  "train.save_every=0", "train.bleu_every=0"]  # fmt: skip
+    job = load_config(config, [f"data.dir={data_dir}", *QUIET_SINKS, *only_steps, *overrides])
+    trainer = open_trainer(job, work / "run")
+    job, model_cfg = trainer.job, trainer.model_cfg
     bare = BareSide(model_cfg, model_cfg.label_smoothing, job.train.precision)
-    for _ in range(warmup):
-        bare.step(ours.step())
-    timed = time_windows(windows, steps, ours, bare)
+    for micro in trainer_steps(trainer, warmup):
+        bare.step(micro)
+    timed = time_windows(windows, steps, trainer, bare)
     total, ours_s, bare_s = (sum(t[i] for t in timed) for i in range(3))
     ratios = sorted(t[2] / t[1] for t in timed)
     case = {"config": config, "precision": job.train.precision, "zero_stage": job.train.zero_stage,
