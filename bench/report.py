@@ -20,7 +20,9 @@ bench, headed by the exact command that measured it (from the repository root), 
 (CPU model, cores, native bf16 or not, GPU; Python, torch and DeepSpeed) and the date (UTC);
 each row is one figure with its value, unit and details. A bench that failed or could not run
 on the machine is a row saying why. `python -m bench.suite --only NAME` reruns one bench and
-replaces its table, keeping the others.
+replaces its table, keeping the others. A table older than `python -m bench NAME` names the
+program that measured it then (`bench/NAME.py`, `-m bench.NAME`); `python -m bench NAME` is
+that bench now.
 """
 TABLE_HEAD = ["| figure | value | unit | details |", "|---|---:|---|---|"]
 
