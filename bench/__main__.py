@@ -23,20 +23,20 @@ from typing import Any
 
 import yaml
 
-from bench.common import Row, missed_goals, write_rows
+from bench.common import BenchInputError, Row, missed_goals, write_rows
 from bench.registry import Bench, find, names
 from bench.report import format_value
 
 
-def parse_params(pairs: Sequence[str], bench: Bench, fn: Any) -> dict[str, Any]:
-    """`key=value` pairs as keyword arguments of `fn`; ValueError naming a malformed or unknown
-    one."""
-    known = set(inspect.signature(fn).parameters) - {"work"}
+def parse_params(pairs: Sequence[str], bench: Bench, known: set[str]) -> dict[str, Any]:
+    """`key=value` pairs as keyword arguments among `known`; BenchInputError naming a malformed
+    or unknown one."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or key not in known:
-            raise ValueError(f"{bench.name} takes key=value with a key in {sorted(known)}: {pair}")
+            keys = sorted(known)
+            raise BenchInputError(f"{bench.name} takes key=value with a key in {keys}: {pair}")
         out[key] = yaml.safe_load(value)
     return out
 
@@ -68,20 +68,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     module, _, function = bench.measure.partition(":")
     fn = getattr(importlib.import_module(f"bench.{module}"), function)
+    known = set(inspect.signature(fn).parameters)
     try:
         params = {
             **(bench.smoke if args.smoke else bench.full),
-            **parse_params(args.params, bench, fn),
+            **parse_params(args.params, bench, known - {"work"}),
         }
-    except ValueError as exc:
+        with tempfile.TemporaryDirectory(prefix=f"bench-{bench.name}-") as tmp:
+            work = args.work or Path(tmp)
+            work.mkdir(parents=True, exist_ok=True)
+            rows = fn(work=work, **params) if "work" in known else fn(**params)
+    except BenchInputError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix=f"bench-{bench.name}-") as tmp:
-        work = args.work or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        rows = (
-            fn(work=work, **params) if "work" in inspect.signature(fn).parameters else fn(**params)
-        )
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     print_rows(rows)

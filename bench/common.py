@@ -55,6 +55,10 @@ def check_rows(rows: Sequence[Row]) -> list[Row]:
 GOALS = {">=": operator.ge, "<=": operator.le}
 
 
+class BenchInputError(ValueError):
+    """Bad input to a bench (an argument, a study's file): one line and exit 2, before it runs."""
+
+
 def missed_goals(rows: Sequence[Row]) -> list[str]:
     """The rows whose `goal` ("<= 1.05", ">= 90") their value misses."""
     missed = []

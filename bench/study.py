@@ -35,6 +35,7 @@ from bench.common import (
     GOALS,
     ROOT,
     SMOKE_MODEL,
+    BenchInputError,
     Row,
     prepare_synthetic,
     row,
@@ -96,20 +97,22 @@ def load_study(path: Path, smoke: bool) -> Any:
     study = OmegaConf.load(path)
     for key in ("config", "data", "arms", "figures"):
         if key not in study:
-            raise ValueError(f"{path}: a study needs `{key}`")
+            raise BenchInputError(f"{path}: a study needs `{key}`")
     for fig in study.figures:
         if fig.get("reduce", "mean") not in REDUCERS:
-            raise ValueError(f"{path}: unknown reduce {fig.reduce!r}; known: {sorted(REDUCERS)}")
+            known = sorted(REDUCERS)
+            raise BenchInputError(f"{path}: unknown reduce {fig.reduce!r}; known: {known}")
     names = {fig.name for fig in study.figures}
     for cmp in study.get("compare", []):
         arms_ok = len(cmp.arms) == 2 and all(a in study.arms for a in cmp.arms)
         if cmp.op not in COMPARISONS or cmp.figure not in names or not arms_ok:
             ops = sorted(COMPARISONS)
-            raise ValueError(f"{path}: comparison {cmp.name!r} needs an op in {ops}, one of its "
-                             "figures and two of its arms")  # fmt: skip
+            raise BenchInputError(f"{path}: comparison {cmp.name!r} needs an op in {ops}, one "
+                                  "of its figures and two of its arms")  # fmt: skip
     for item in [*study.figures, *study.get("compare", [])]:
         if "goal" in item and str(item.goal).split()[0] not in GOALS:
-            raise ValueError(f"{path}: goal {item.goal!r} of {item.name!r}: '>= N' or '<= N'")
+            forms = "'>= N' or '<= N'"
+            raise BenchInputError(f"{path}: goal {item.goal!r} of {item.name!r}: {forms}")
     train = list(study.get("train", []))
     if smoke:
         small = study.get("smoke", {})

@@ -276,6 +276,29 @@ def test_a_bench_by_name_prints_its_rows_and_fails_on_a_missed_goal(
     ]
 
 
+def test_a_missed_goal_fails_a_full_run_and_a_bad_study_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through `python -m bench`'s own main: a row missing its goal exits 1 at full size (0 at
+    smoke size) after the rows are written; a study file that is wrong exits 2 in one line."""
+    from bench import study
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("config: configs/tiny.yaml\ndata: {synthetic: 10}\nfigures: []\n")
+    where = {"path": str(bad)}
+    entry = registry.Bench("s", "a study", "study:run_study", full=where, smoke=where)
+    monkeypatch.setattr(bench_main, "find", lambda name: entry)
+    assert bench_main.main(["s", "--work", str(tmp_path / "w")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"bench: {bad}: a study needs `arms`"]
+    missing = [{"figure": "ratio", "value": 0.8, "unit": "x", "goal": ">= 0.90"}]
+    monkeypatch.setattr(study, "run_study", lambda work, path, smoke=False: missing)
+    rows = tmp_path / "rows.json"
+    assert bench_main.main(["s", "--json", str(rows)]) == 1
+    assert json.loads(rows.read_text()) == missing
+    assert "FAIL: ratio 0.8 (goal >= 0.90)" in capsys.readouterr().out
+    assert bench_main.main(["s", "--smoke"]) == 0
+
+
 def test_unknown_bench_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert suite.main(["--smoke", "--only", "decode,nonesuch"]) == 2
     assert "unknown bench(es) nonesuch" in capsys.readouterr().err
