@@ -1,12 +1,12 @@
 """One registered bench by name: `python -m bench NAME [--smoke] [--work DIR] [--json PATH]
 [key=value ...]`.
 
-The harness owns what every bench shares: the registry gives the bench's measuring function
-and the keyword arguments of its full or smoke size (bench/registry.py; `python -m bench.suite
---list` prints them), `key=value` changes one of them (the value read as YAML: 3, 0.5, true,
-[1, 2], a path), and the rows the function returns are printed as a table and written to
-`--json PATH` for bench/suite.py. Under torchrun (a bench of `ranks` > 1) rank 0 reports. A
-row with a `goal` (">= 0.90") that its value misses makes a full-size run exit 1.
+The harness owns what every bench shares: its declaration (configs/bench/NAME.yaml; `python
+-m bench.suite --list` prints them) gives the bench's measuring function and the keyword
+arguments of its full or smoke size, `key=value` changes one of them (the value read as YAML:
+3, 0.5, true, [1, 2], a path), and the rows the function returns are printed as a table and
+written to `--json PATH` for bench/suite.py. Under torchrun (a bench of `ranks` > 1) rank 0
+reports. A row with a `goal` (">= 0.90") that its value misses makes a full-size run exit 1.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from typing import Any
 
 import yaml
 
+from bench import registry
 from bench.common import BenchInputError, Row, missed_goals, write_rows
-from bench.registry import Bench, find, names
-from bench.report import format_value
+from bench.registry import Bench
+from bench.suite import format_value
 
 
 def parse_params(pairs: Sequence[str], bench: Bench, known: set[str]) -> dict[str, Any]:
@@ -61,10 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
     p.add_argument("params", nargs="*", metavar="key=value", help="a keyword of its function")
     args = p.parse_intermixed_args(argv)
-    bench = find(args.name)
-    if bench is None or not bench.measure:
-        runnable = [n for n in names() if (b := find(n)) is not None and b.measure]
-        print(f"bench: no bench {args.name!r} here; known: {', '.join(runnable)}", file=sys.stderr)
+    bench = registry.REGISTRY.get(args.name)
+    if bench is None:
+        print(
+            f"bench: no bench {args.name!r} here; known: {', '.join(registry.REGISTRY)}",
+            file=sys.stderr,
+        )
         return 2
     module, _, function = bench.measure.partition(":")
     fn = getattr(importlib.import_module(f"bench.{module}"), function)

@@ -23,13 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.common import Row, row, settle_precision
-from launch.config import load_config
+from bench.common import Row, open_job, row
 from launch.cost_model.save import save_plan
 from model.config import ModelConfig
 from model.loss import label_smoothed_loss
 from trainer.checkpoint.manager import CheckpointManager
-from trainer.dist import init_distributed
 from trainer.ds.engine import build_engine
 from trainer.run_dir import RunDir
 from trainer.state import RngState, TrainState
@@ -46,10 +44,11 @@ class SaveTimes:
     sync: float  # a synchronous save, best of the side by side
 
 
-def trained_engine(job: Any, model_cfg: ModelConfig, env: Any, vocab: int) -> Any:
+def trained_engine(job: Any, model_cfg: ModelConfig, env: Any) -> Any:
     """The preset's engine after one optimizer step on random tokens (Adam's moments filled)."""
     torch.manual_seed(job.train.seed)
     engine = build_engine(job, model_cfg, env)
+    vocab = model_cfg.vocab_size
     src = torch.randint(4, vocab, (8, 32))  # (B, S)
     tgt = torch.randint(4, vocab, (8, 33))  # (B, T + 1)
     for _ in range(job.train.grad_accum):
@@ -124,12 +123,8 @@ def measure(
 ) -> list[Row]:
     """Time the saves (`rounds` background / synchronous pairs after the first) and the
     restore of the preset's engine on every rank, in rank 0's `work`; rank 0's rows."""
-    job = load_config(config, list(overrides))
-    env = init_distributed("cpu")
-    vocab = job.model.vocab_size or job.data.vocab_size
-    model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
-    job = settle_precision(job, env, model_cfg)
-    engine = trained_engine(job, model_cfg, env, vocab)
+    job, env, model_cfg = open_job(config, overrides)
+    engine = trained_engine(job, model_cfg, env)
 
     # as the training loop does once set up (trainer/loop.py): what lives for the whole run is
     # left out of the garbage collector's scans, so no full collection (~0.5 s over the ~400k

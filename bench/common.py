@@ -16,6 +16,7 @@ import math
 import operator
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,14 +43,15 @@ def row(figure: str, value: float, unit: str, **context: Any) -> Row:
     return {"figure": figure, "value": float(value), "unit": unit, **context}
 
 
-def check_rows(rows: Sequence[Row]) -> list[Row]:
-    """The rows as a list, or ValueError naming the first one that is not a proper row."""
+def json_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows as JSON takes them (a non-finite value as null); ValueError naming the first
+    one that is not a proper row."""
     for r in rows:
         if not isinstance(r.get("figure"), str) or not isinstance(r.get("unit"), str):
             raise ValueError(f"a row needs a str figure and unit: {r!r}")
         if not isinstance(r.get("value"), (int, float)) or isinstance(r.get("value"), bool):
             raise ValueError(f"a row needs a number value: {r!r}")
-    return list(rows)
+    return [{**r, "value": r["value"] if math.isfinite(r["value"]) else None} for r in rows]
 
 
 GOALS = {">=": operator.ge, "<=": operator.le}
@@ -72,36 +74,37 @@ def missed_goals(rows: Sequence[Row]) -> list[str]:
 
 def write_rows(path: str | os.PathLike[str] | None, rows: Sequence[Row]) -> None:
     """Write `rows` to `path` as JSON (nothing when `path` is None); atomically, so a reader
-    never sees half a file. Non-finite values are written as null (JSON has no NaN)."""
+    never sees half a file."""
     if path is None:
         return
-    out = [
-        {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
-        for r in check_rows(rows)
-    ]
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    tmp.write_text(json.dumps(json_rows(rows), indent=1) + "\n")
     tmp.replace(target)
 
 
-def settle_precision(job: Any, env: Any, model_cfg: Any) -> Any:
-    """The job with `train.precision` as a training run would settle it on this machine
-    (`auto` -> bf16 / fp16 / fp32, trainer.settle.agree_on_precision, the same on every rank).
-
-    A bench that builds its own engine must do this: the DeepSpeed config treats any value
-    other than bf16/fp16 as fp32, and the checkpoint size estimate and the planner need the
-    real precision.
-    """
+def open_job(
+    config: str, overrides: Sequence[str], device: str = "cpu", settle: bool = True
+) -> tuple[Any, Any, Any]:
+    """(job, distributed env, model config at the data's vocabulary) of a bench that builds its
+    own engine; with `settle`, `train.precision` as a training run would settle it on this
+    machine (`auto` -> bf16 / fp16 / fp32, trainer.settle.agree_on_precision, the same on every
+    rank): the DeepSpeed config treats any other value as fp32, and the checkpoint size
+    estimate and the planner need the real precision."""
+    from launch.config import load_config
+    from model.config import ModelConfig
+    from trainer.dist import init_distributed
     from trainer.settle import agree_on_precision
 
-    choice = agree_on_precision(job, env, model_cfg, None)
-    if choice.precision == job.train.precision:
-        return job
-    return dataclasses.replace(
-        job, train=dataclasses.replace(job.train, precision=choice.precision)
-    )
+    job = load_config(config, [f"train.device={device}", *overrides])
+    env = init_distributed(device)
+    vocab = job.model.vocab_size or job.data.vocab_size
+    model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+    precision = agree_on_precision(job, env, model_cfg, None).precision if settle else None
+    if precision and precision != job.train.precision:
+        job = dataclasses.replace(job, train=dataclasses.replace(job.train, precision=precision))
+    return job, env, model_cfg
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,6 +117,38 @@ CPU_ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_SILENT": "tru
 CLI = (sys.executable, "-m", "launch.cli")
 # a training run that writes only metrics.jsonl (and its summary) besides checkpoints
 QUIET_SINKS = ("logging.wandb=disabled", "logging.tensorboard=false", "logging.report=false")
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Stop a process group (torchrun's ranks, DataLoader workers, ...): TERM, then KILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=10.0)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_logged(
+    argv: Sequence[str], log: Path, env: Mapping[str, str], timeout: float, cwd: Path = ROOT
+) -> int | None:
+    """Run `argv` in a process group of its own, its output appended to `log`: its exit status,
+    or None once `timeout` seconds have passed. Past the timeout, or when this process is
+    stopped (Ctrl-C, TERM), the whole group is stopped, not the first process alone."""
+    with open(log, "a") as f:
+        proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            return None
+        except BaseException:
+            kill_group(proc)
+            raise
 
 
 def run_command(
@@ -135,15 +170,9 @@ def run_command(
             full_env[name] = value
     out = log or Path(tempfile.mkstemp(prefix="bench-run-", suffix=".log")[1])
     out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("")
     started = time.perf_counter()
-    with open(out, "w") as f:
-        try:
-            code = subprocess.run(
-                list(cmd), cwd=cwd, env=full_env, stdout=f, stderr=subprocess.STDOUT,
-                timeout=timeout,
-            ).returncode  # fmt: skip
-        except subprocess.TimeoutExpired:
-            code = None
+    code = run_logged(cmd, out, full_env, timeout, cwd)
     seconds = time.perf_counter() - started
     tail = out.read_text(errors="replace")[-3000:]
     if log is None:

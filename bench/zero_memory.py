@@ -30,13 +30,11 @@ from typing import Any
 
 import torch
 
-from bench.common import CPU_ENV, Row, row, run_command, settle_precision
-from launch.config import load_config
+from bench.common import CPU_ENV, Row, open_job, row, run_command
 from launch.cost_model.plan import Buckets, model_state_bytes, module_buffer_bytes, persistent_numel
 from model.config import ModelConfig
 from model.loss import label_smoothed_loss
 from model.params import count_parameters
-from trainer.dist import init_distributed
 from trainer.ds import config as ds_config
 from trainer.ds.engine import build_engine
 
@@ -151,31 +149,16 @@ def worker(out: str, config: str, bucket_elements: int, overrides: list[str]) ->
     lines."""
     if bucket_elements:
         ds_config.BUCKET_ELEMENTS = bucket_elements
-    job = load_config(config, overrides)
-    job.logging.wandb = "disabled"
-    env = init_distributed("cpu")
-    vocab = job.model.vocab_size or job.data.vocab_size
-    model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
-    job = settle_precision(job, env, model_cfg)
+    job, env, model_cfg = open_job(config, ["logging.wandb=disabled", *overrides])
     world, precision = env.world_size, job.train.precision
     rows = []
     for stage in STAGES:
         measured, optimizer = measure_stage(job, model_cfg, env, stage)
         predicted = predicted_bytes(model_cfg, stage, world, precision)
-        rows.append(
-            row(
-                f"measured / predicted, {world} rank(s), ZeRO {stage}",
-                measured / predicted,
-                "x",
-                world=world,
-                stage=stage,
-                measured=measured,
-                predicted=predicted,
-                optimizer=optimizer,
-                precision=precision,
-                config=config,
-            )
-        )
+        case = {"world": world, "stage": stage, "measured": measured, "predicted": predicted,
+                "optimizer": optimizer, "precision": precision, "config": config}  # fmt: skip
+        label = f"measured / predicted, {world} rank(s), ZeRO {stage}"
+        rows.append(row(label, measured / predicted, "x", **case))
     if env.is_main:
         with open(out, "a") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)

@@ -41,7 +41,7 @@ ASSUMED_OVERHEAD_S = 0.010
 
 @dataclass(frozen=True)
 class GpuMeasurement:
-    """A GPU model's step measured end to end by bench/gpu.sh (bench/RESULTS.md, section
+    """A GPU model's step measured end to end by the `gpu` bench (bench/RESULTS.md, section
     gpu): model FLOPs / step time / the table's peak, every overhead of one GPU's step inside."""
 
     mfu_eager: float
@@ -54,7 +54,7 @@ class GpuMeasurement:
 # gradient all-reduce's unoverlapped share, assumed (COMM_OVERHEAD_S; nothing measured yet).
 MEASURED_GPUS = {
     "H200": GpuMeasurement(
-        0.235, 0.319, "bench/gpu.sh on one H200, 2026-12-04: 360k tokens/s eager, 489k compiled"
+        0.235, 0.319, "bench gpu on one H200, 2026-12-04: 360k tokens/s eager, 489k compiled"
     ),
 }
 COMM_OVERHEAD_S = 0.002
@@ -181,7 +181,7 @@ def gpu_measured_speed(
     name: str, peak_flops: float, measured: GpuMeasurement, compiled: bool, ranks: int,
     why: str = "",
 ) -> Speed:  # fmt: skip
-    """A GPU model measured here by bench/gpu.sh: its end-to-end MFU, plus the all-reduce's
+    """A GPU model measured here by the `gpu` bench: its end-to-end MFU, plus the all-reduce's
     assumed share where there is more than one rank."""
     mfu = measured.mfu_compiled if compiled else measured.mfu_eager
     overhead = COMM_OVERHEAD_S if ranks > 1 else 0.0

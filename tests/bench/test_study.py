@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bench import study
+from bench import registry, study
 from bench.common import SMOKE_MODEL, missed_goals
 
 ROOT = Path(__file__).resolve().parents[2]
-STUDIES = sorted((ROOT / "configs" / "bench").glob("*.yaml"))
+STUDIES = [
+    ROOT / b.full["path"] for b in registry.REGISTRY.values() if b.measure == "study:run_study"
+]
 
 # four logged steps, one second apart but the third (a save) three; an evaluation record
 RECORDS = [

@@ -115,7 +115,7 @@ def test_a_gpu_the_calibration_did_not_measure_is_assumed(
     line = next(x for x in proc.stdout.splitlines() if x.startswith("speed"))
     assert "A100: not measured here; assumed peak 312 TFLOP/s, MFU 0.40" in line
     assert f"the calibration {path} is for {cal['device_name']}" in line
-    # a GPU model bench/gpu.sh measured: its end-to-end MFU, and why the calibration is not used
+    # a GPU model the `gpu` bench measured: its end-to-end MFU, and why the calibration is not used
     proc = _plan("--gpu", "h200", "--calibration", str(path))
     line = next(x for x in proc.stdout.splitlines() if x.startswith("speed"))
     assert "H200: MFU 0.235 of its 989 TFLOP/s peak measured end to end (eager;" in line

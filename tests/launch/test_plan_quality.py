@@ -127,7 +127,7 @@ def test_cli_bad_args_exit_2_one_line(bad: list[str], needle: str) -> None:
 
 
 def test_a_measured_gpu_uses_its_measured_mfu_unless_told_otherwise() -> None:
-    """H200 was measured by bench/gpu.sh (bench/RESULTS.md): eager and compiled MFU, no
+    """H200 was measured by the `gpu` bench (bench/RESULTS.md): eager and compiled MFU, no
     all-reduce on one GPU; --mfu or --overhead-ms go back to the assumed model."""
     base = ("--config", "configs/big.yaml", "--gpu", "h200", "--nodes", "1", "--json")
     one = json.loads(_plan_cli(*base, "--gpus-per-node", "1").stdout)

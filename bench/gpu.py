@@ -1,37 +1,45 @@
-"""One configuration of bench/gpu.sh: tokens/s, MFU and peak memory of the training step.
+"""The big model on one GPU at the paper's batch: tokens/s, MFU and peak memory of the training
+step, bf16 with SDPA's fused attention, ZeRO 1 and 2, with and without torch.compile.
 
-The trainer's own pieces (trainer.ds.engine.build_engine, train_step, trainer.flops) on one rank,
-fed micro-batches of random tokens with --tokens per side per step. `--lengths fixed` (the
-best case): every sentence --seq-len tokens, no padding, one batch shape. `--lengths wmt14`:
-sentence lengths drawn like WMT14 En-De's in BPE tokens (log-normal, median 24 tokens, a long
-tail clipped at data.max_len; the target's length is the source's times a log-normal ratio
-around 1.05), cut into batches by the loader's own batcher (data_pipeline.batching at the
-config's max_tokens, pad_multiple, batch_multiple and bucket_width, a shuffled window), so the
-steps carry padding and change shape as in training. Tokens/s counts real tokens only; the
-padding share is a row of its own. Attention runs through SDPA restricted to the fused kernels
-(flash; memory-efficient where a boolean mask is passed, as for the decoder's causal mask); on
-a CPU the math kernel is allowed too. `train.compile=true` as an override compiles the model.
-Rows: tokens/s, seconds per step, MFU against the trainer's peak and against a measured matmul
-peak, peak memory, the last loss and the padding share.
+Each configuration runs in a process of its own (so that one engine's memory never counts in
+the next one's peak), with a time limit, none started after `budget_s` (default: the
+GPU_BENCH_BUDGET_S environment variable, else 400 s); a configuration that fails or is not
+reached leaves a "configurations finished" row below its goal, which fails a full-size run.
+At smoke size the same code path runs on the CPU at the tiny preset's smoke model.
+
+One configuration: the trainer's own pieces (trainer.ds.engine.build_engine, train_step,
+trainer.flops) on one rank, fed micro-batches of random tokens, `tokens` per side per step.
+`fixed` lengths (the best case): every sentence `seq_len` tokens, no padding, one batch shape.
+`wmt14` lengths: sentence lengths drawn like WMT14 En-De's in BPE tokens (log-normal, median
+24 tokens, a long tail clipped at data.max_len; the target's length is the source's times a
+log-normal ratio around 1.05), cut into batches by the loader's own batcher
+(data_pipeline.batching at the config's max_tokens, pad_multiple, batch_multiple and
+bucket_width, a shuffled window), so the steps carry padding and change shape as in training.
+Tokens/s counts real tokens only; the padding share is a row of its own. Attention runs
+through SDPA restricted to the fused kernels (flash; memory-efficient where a boolean mask is
+passed, as for the decoder's causal mask); on a CPU the math kernel is allowed too. Rows per
+configuration: tokens/s, seconds per step, MFU against the trainer's peak and against a
+measured matmul peak, peak memory, the last loss and the padding share.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
+import os
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.common import Row, row, write_rows
+from bench.common import CPU_ENV, SMOKE_MODEL, BenchInputError, Row, open_job, row, run_command
 from data_pipeline.batching import Batch, Sample, collate, plan_batches, round_up
 from data_pipeline.tokenizer import EOS_ID
-from launch.config import load_config
 from model.config import ModelConfig
-from trainer.dist import init_distributed
 from trainer.ds.engine import PRECISION_DTYPES, build_engine, seed_everything
 from trainer.flops import peak_flops
 from trainer.metrics import host_rss_gb
@@ -149,7 +157,7 @@ def time_steps(
     return step_s, sums
 
 
-def measure(
+def configuration(
     config: str = "configs/big.yaml",
     device: str = "cuda",
     tokens: int = 25000,
@@ -161,10 +169,8 @@ def measure(
 ) -> list[Row]:
     """One configuration's rows: the engine of `config` on `device`, trained on random tokens
     (`tokens` per side per step) for `warmup` and then `steps` timed steps."""
-    job = load_config(config, [f"train.device={device}", *overrides])
-    env = init_distributed(device)
-    vocab = job.model.vocab_size or job.data.vocab_size
-    cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+    job, env, cfg = open_job(config, overrides, device, settle=False)
+    vocab = cfg.vocab_size
     seed_everything(1)
     engine = build_engine(job, cfg, env)
     if lengths == "fixed":
@@ -209,16 +215,47 @@ def measure(
     return [row(f"{name}: {figure}", value, unit, **case) for figure, value, unit in figures]
 
 
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default="configs/big.yaml")
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--tokens", type=int, default=25000, help="tokens per side per step")
-    p.add_argument("--seq-len", type=int, default=32)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--lengths", default="fixed", choices=["fixed", "wmt14"])
-    p.add_argument("--json", metavar="PATH", help="write the configuration's rows here")
-    p.add_argument("overrides", nargs="*")
-    args = vars(p.parse_args())
-    write_rows(args.pop("json"), measure(**args))
+# (ZeRO stage, torch.compile, lengths), the most telling first; at smoke size one compiled
+# configuration (on a CPU a compile is most of the smoke's time)
+CONFIGS = ((1, False, "fixed"), (1, False, "wmt14"), (1, True, "fixed"), (2, False, "fixed"),
+           (2, True, "fixed"))  # fmt: skip
+SMOKE_CONFIGS = tuple(c for c in CONFIGS if c != (1, True, "fixed"))
+WORKER = "import json, sys; from bench.gpu import one; one(**json.loads(sys.argv[1]))"
+
+
+def one(out: str, **kw: Any) -> None:
+    """A configuration's rows, written to `out` (what each configuration's process runs)."""
+    Path(out).write_text(json.dumps(configuration(**kw)))
+
+
+def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> list[Row]:
+    """Every configuration in turn, each in its own process; at full size on CUDA (the big
+    preset, 25,000 tokens per side, 5 + 20 steps), at smoke size on the CPU."""
+    if smoke:
+        size = {"config": "configs/tiny.yaml", "device": "cpu", "tokens": 256, "steps": 2,
+                "warmup": 1}  # fmt: skip
+        extra, limits, configs = [*SMOKE_MODEL, "data.vocab_size=64"], (240, 300), SMOKE_CONFIGS
+        env, budget_s = CPU_ENV, budget_s or 900
+    else:
+        if not torch.cuda.is_available():
+            raise BenchInputError("gpu: torch sees no CUDA device (--smoke runs the CPU path)")
+        size, extra, limits, configs = {}, [], (90, 240), CONFIGS
+        env, budget_s = {}, budget_s or float(os.environ.get("GPU_BENCH_BUDGET_S", 400))
+    start, rows, done = time.monotonic(), list[Row](), 0
+    for i, (zero, compile_, lengths) in enumerate(configs):
+        name = f"ZeRO {zero}, compile {compile_}, {lengths} lengths"
+        if time.monotonic() - start > budget_s:
+            print(f"== {name}: not started ({time.monotonic() - start:.0f} s elapsed)", flush=True)
+            continue
+        over = [*extra, "train.grad_accum=1", "train.precision=bf16", f"train.zero_stage={zero}",
+                f"train.compile={str(compile_).lower()}"]  # fmt: skip
+        spec = {"out": str(work / f"{i}.json"), "lengths": lengths, "overrides": over, **size}
+        try:
+            seconds = run_command([sys.executable, "-c", WORKER, json.dumps(spec)],
+                                  work / f"{i}.log", env, limits[compile_])  # fmt: skip
+        except SystemExit as exc:
+            print(f"== {name}: failed\n{exc}", flush=True)
+            continue
+        print(f"== {name}: done in {seconds:.0f} s", flush=True)
+        rows, done = rows + json.loads(Path(spec["out"]).read_text()), done + 1
+    return [*rows, row("configurations finished", done, "", goal=f">= {len(configs)}")]
