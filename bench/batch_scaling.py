@@ -1,6 +1,6 @@
 """Quality per step at twice the batch: two `paperscale train` runs on the same data and machine.
 
-The preset at B target tokens per step and at 2B (twice the accumulation), the
+The preset at B target tokens per step (no accumulation) and at 2B (2 micro-batches), the
 peak learning rate scaled by sqrt(2) (the square-root rule for Adam: Malladi et al., "On the
 SDEs and Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022), each for --steps
 steps; the steps and the training seconds each needs to reach the valid nll that B ends at.
@@ -39,7 +39,6 @@ def measure(
     data: str = "",
     steps: int = 150,
     every: int = 20,
-    accum: int = 1,
     lr: float = 2e-3,
     overrides: Sequence[str] = (),
 ) -> list[Row]:
@@ -50,7 +49,7 @@ def measure(
             "train.budget_minutes=0"]  # fmt: skip
     runs = {}
     for name, k in (("B", 1), ("2B", 2)):
-        over = [*base, f"optim.lr={lr * math.sqrt(k):.6g}", f"train.grad_accum={k * accum}"]
+        over = [*base, f"optim.lr={lr * math.sqrt(k):.6g}", f"train.grad_accum={k}"]
         run_dir = work / f"batch-{name}"
         runs[name] = train_run(config, run_dir, over, log=run_dir.with_suffix(".log"))[0]
     target = nll([r for r in runs["B"] if "valid_ppl" in r][-1])

@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import psutil
@@ -51,16 +51,32 @@ from data_pipeline.manifest import read_manifest
 from data_pipeline.shards import iter_shard
 
 MAX_LEN = 256
-# (batching version, pad_multiple, batch_multiple, bucket_width, window): the settings before
-# batching v3 (v1 and v2 at pad 8, bucket 8, window 2,000), then v3 at the defaults and around.
+
+
+class Batching(NamedTuple):
+    """One way of cutting windows into batches, as the loader's batcher of `version` did."""
+
+    version: int
+    pad_multiple: int
+    batch_multiple: int
+    bucket_width: int
+    window: int
+
+    def __str__(self) -> str:
+        multiples = f"pad {self.pad_multiple}, batch multiple {self.batch_multiple}"
+        return f"v{self.version}, {multiples}, bucket {self.bucket_width}, window {self.window}"
+
+
+# the settings before batching v3 (v1 and v2 at pad 8, bucket 8, window 2,000), then v3 at the
+# defaults and around
 PADDING_ROWS = [
-    (1, 8, 1, 8, 2000),
-    (2, 8, 1, 8, 2000),
-    (3, 8, 8, 1, 100_000),
-    (3, 1, 1, 1, 16_000),
-    (3, 1, 8, 1, 2_000),
-    (3, 1, 8, 1, 16_000),
-    (3, 1, 8, 1, 100_000),
+    Batching(1, 8, 1, 8, 2000),
+    Batching(2, 8, 1, 8, 2000),
+    Batching(3, 8, 8, 1, 100_000),
+    Batching(3, 1, 1, 1, 16_000),
+    Batching(3, 1, 8, 1, 2_000),
+    Batching(3, 1, 8, 1, 16_000),
+    Batching(3, 1, 8, 1, 100_000),
 ]
 ORDER_SETTINGS = {"demo (tiny.yaml)": (1536, 4000), "defaults": (4096, 100_000)}  # (tokens, window)
 
@@ -98,11 +114,9 @@ def measure(
                         max_tokens=max_tokens))  # fmt: skip
     rows += by_input_order(src, work, data["tar"], vocab_size, seconds, smoke)  # 3.
     lens = read_lengths(data["tar"])  # 4. padding
-    for version, pm, bm, bw, window in PADDING_ROWS:
-        r = padding_stats(lens, version=version, window=window, max_tokens=max_tokens,
-                          pad_multiple=pm, bucket_width=bw, batch_multiple=bm)  # fmt: skip
-        setting = f"v{version}, pad {pm}, batch multiple {bm}, bucket {bw}, window {window}"
-        rows.append(row(f"padding, {setting}", 100 * r["padding"], "%",
+    for batching in PADDING_ROWS:
+        r = padding_stats(lens, batching, max_tokens)
+        rows.append(row(f"padding, {batching}", 100 * r["padding"], "%",
                         rounding_pct=100 * r["rounding"], mismatch_pct=100 * r["mismatch"],
                         fill_pct=100 * r["fill"], aligned_pct=100 * r["rows_multiple"],
                         batches=r["batches"], max_tokens=max_tokens))  # fmt: skip
@@ -203,35 +217,28 @@ def plan_v1(
 
 
 def padding_stats(
-    shards: list[list[tuple[int, int]]],
-    *,
-    version: int,
-    window: int,
-    max_tokens: int,
-    pad_multiple: int,
-    bucket_width: int,
-    batch_multiple: int = 1,
-    seed: int = 1,
+    shards: list[list[tuple[int, int]]], b: Batching, max_tokens: int, seed: int = 1
 ) -> dict[str, float]:
-    """Padding of one epoch batched like the loader does (windows of `window` per shard)."""
+    """Padding of one epoch batched as `b` says (windows of `b.window` samples per shard)."""
     real = padded = rounding = n_batches = aligned = 0
+    pm = b.pad_multiple
     for k, lens in enumerate(shards):
-        for ws in range(0, len(lens), window):
-            chunk = np.array(lens[ws : ws + window]).reshape(-1, 2)  # (samples, S and T)
+        for ws in range(0, len(lens), b.window):
+            chunk = np.array(lens[ws : ws + b.window]).reshape(-1, 2)  # (samples, S and T)
             samples = [Sample("", np.zeros(s, np.int64), np.zeros(t - 1), "", "") for s, t in chunk]
             rng = np.random.default_rng([seed, 0, k, 0, 1, ws])
-            if version == 1:
-                groups = plan_v1(samples, max_tokens, pad_multiple, bucket_width, rng)
+            if b.version == 1:
+                groups = plan_v1(samples, max_tokens, pm, b.bucket_width, rng)
             else:
-                groups = plan_batches(samples, max_tokens=max_tokens, pad_multiple=pad_multiple,
-                                      bucket_width=bucket_width, rng=rng,
-                                      batch_multiple=batch_multiple)  # fmt: skip
+                groups = plan_batches(samples, max_tokens=max_tokens, pad_multiple=pm,
+                                      bucket_width=b.bucket_width, rng=rng,
+                                      batch_multiple=b.batch_multiple)  # fmt: skip
             for g in groups:
                 lengths = chunk[g]  # (rows, S and T)
-                shape = -(-lengths.max(axis=0) // pad_multiple) * pad_multiple  # padded S, T
+                shape = -(-lengths.max(axis=0) // pm) * pm  # padded S, T
                 real += int(lengths.sum())
                 padded += len(g) * int(shape.sum())
-                rounding += int((-(-lengths // pad_multiple) * pad_multiple - lengths).sum())
+                rounding += int((-(-lengths // pm) * pm - lengths).sum())
                 n_batches += 1
                 aligned += bool(np.all(len(g) * shape % 8 == 0))
     return {

@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -157,27 +157,36 @@ def time_steps(
     return step_s, sums
 
 
-def configuration(
-    config: str = "configs/big.yaml",
-    device: str = "cuda",
-    tokens: int = 25000,
-    seq_len: int = 32,
-    steps: int = 20,
-    warmup: int = 5,
-    lengths: str = "fixed",
-    overrides: Sequence[str] = (),
-) -> list[Row]:
-    """One configuration's rows: the engine of `config` on `device`, trained on random tokens
-    (`tokens` per side per step) for `warmup` and then `steps` timed steps."""
-    job, env, cfg = open_job(config, overrides, device, settle=False)
-    vocab = cfg.vocab_size
+class Size(NamedTuple):
+    """The bench's size: the preset and device, `tokens` per side per step, `warmup` untimed
+    and then `steps` timed steps; the fixed lengths' sentences are `seq_len` tokens long."""
+
+    config: str
+    device: str
+    tokens: int
+    warmup: int
+    steps: int
+    seq_len: int = 32
+
+
+FULL, SMOKE = (
+    Size("configs/big.yaml", "cuda", 25000, 5, 20),
+    Size("configs/tiny.yaml", "cpu", 256, 1, 2),
+)
+
+
+def configuration(size: Size, lengths: str, overrides: Sequence[str]) -> list[Row]:
+    """One configuration's rows: the engine of the preset with `overrides`, trained on random
+    tokens of `lengths` ("fixed" or "wmt14")."""
+    job, env, cfg = open_job(size.config, overrides, size.device, settle=False)
+    vocab, warmup, steps = cfg.vocab_size, size.warmup, size.steps
     seed_everything(1)
     engine = build_engine(job, cfg, env)
     if lengths == "fixed":
-        batches = [fixed_step(job, vocab, tokens, seq_len)]
+        batches = [fixed_step(job, vocab, size.tokens, size.seq_len)]
     else:
-        batches = wmt14_steps(job, vocab, tokens, warmup + steps)
-    cuda = device == "cuda"
+        batches = wmt14_steps(job, vocab, size.tokens, warmup + steps)
+    cuda = size.device == "cuda"
     step_s, sums = time_steps(engine, env, cfg, batches, warmup, steps, cuda)
     timed = [batches[i % len(batches)] for i in range(warmup, warmup + steps)]
     real = sum(b.n_src_tokens + b.n_tgt_tokens for step in timed for b in step)
@@ -220,26 +229,25 @@ def configuration(
 CONFIGS = ((1, False, "fixed"), (1, False, "wmt14"), (1, True, "fixed"), (2, False, "fixed"),
            (2, True, "fixed"))  # fmt: skip
 SMOKE_CONFIGS = tuple(c for c in CONFIGS if c != (1, True, "fixed"))
-WORKER = "import json, sys; from bench.gpu import one; one(**json.loads(sys.argv[1]))"
+WORKER = "import json, sys; from bench.gpu import one; one(*json.loads(sys.argv[1]))"
 
 
-def one(out: str, **kw: Any) -> None:
+def one(out: str, size: list, lengths: str, overrides: list[str]) -> None:
     """A configuration's rows, written to `out` (what each configuration's process runs)."""
-    Path(out).write_text(json.dumps(configuration(**kw)))
+    Path(out).write_text(json.dumps(configuration(Size(*size), lengths, overrides)))
 
 
 def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> list[Row]:
     """Every configuration in turn, each in its own process; at full size on CUDA (the big
     preset, 25,000 tokens per side, 5 + 20 steps), at smoke size on the CPU."""
     if smoke:
-        size = {"config": "configs/tiny.yaml", "device": "cpu", "tokens": 256, "steps": 2,
-                "warmup": 1}  # fmt: skip
-        extra, limits, configs = [*SMOKE_MODEL, "data.vocab_size=64"], (240, 300), SMOKE_CONFIGS
+        size, extra = SMOKE, [*SMOKE_MODEL, "data.vocab_size=64"]
+        limits, configs = (240, 300), SMOKE_CONFIGS
         env, budget_s = CPU_ENV, budget_s or 900
     else:
         if not torch.cuda.is_available():
             raise BenchInputError("gpu: torch sees no CUDA device (--smoke runs the CPU path)")
-        size, extra, limits, configs = {}, [], (90, 240), CONFIGS
+        size, extra, limits, configs = FULL, [], (90, 240), CONFIGS
         env, budget_s = {}, budget_s or float(os.environ.get("GPU_BENCH_BUDGET_S", 400))
     start, rows, done = time.monotonic(), list[Row](), 0
     for i, (zero, compile_, lengths) in enumerate(configs):
@@ -249,13 +257,14 @@ def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> l
             continue
         over = [*extra, "train.grad_accum=1", "train.precision=bf16", f"train.zero_stage={zero}",
                 f"train.compile={str(compile_).lower()}"]  # fmt: skip
-        spec = {"out": str(work / f"{i}.json"), "lengths": lengths, "overrides": over, **size}
+        out = work / f"{i}.json"
         try:
-            seconds = run_command([sys.executable, "-c", WORKER, json.dumps(spec)],
-                                  work / f"{i}.log", env, limits[compile_])  # fmt: skip
+            spec = json.dumps([str(out), size, lengths, over])
+            seconds = run_command([sys.executable, "-c", WORKER, spec], work / f"{i}.log", env,
+                                  limits[compile_])  # fmt: skip
         except SystemExit as exc:
             print(f"== {name}: failed\n{exc}", flush=True)
             continue
         print(f"== {name}: done in {seconds:.0f} s", flush=True)
-        rows, done = rows + json.loads(Path(spec["out"]).read_text()), done + 1
+        rows, done = rows + json.loads(out.read_text()), done + 1
     return [*rows, row("configurations finished", done, "", goal=f">= {len(configs)}")]

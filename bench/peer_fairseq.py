@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-import bench.peer_fairseq_recipe as recipe
+import bench.recipe as recipe
 from bench.common import CLI, Row, prepare_synthetic, row, run_command, train_run
 
 WORLD = 2  # paperscale ranks; fairseq: one process with as many threads
@@ -214,10 +214,12 @@ def lockstep_and_init(
                 "special": recipe.FAIRSEQ_SPECIAL, "seed": seed, "names": list(ours),
                 "accum": accum}  # fmt: skip
         dump = work / "lockstep.pt"
-        torch.save({"batches": batches[: lockstep_steps * accum], "init": ours}, dump)
+        tensors = [{"src": b.src, "tgt_in": b.tgt_in, "tgt_out": b.tgt_out} for b in batches]
+        torch.save({"batches": tensors[: lockstep_steps * accum], "init": ours}, dump)
         out = recipe.worker(fairseq_python, work, "lockstep", spec, str(dump), str(lockstep_steps))
         theirs = [json.loads(x) for x in out.splitlines() if x.startswith('{"step"')]
-        mine = recipe.bare_loop(exact, job, ours, batches, lockstep_steps, accum, fairseq_lr=True)
+        loop = recipe.BareLoop(exact, job.optim, seed, ours, fairseq_lr=True)
+        mine = [loop.step(batches[accum * k : accum * (k + 1)]) for k in range(lockstep_steps)]
         worst = max(abs(a[0] / b["loss"] - 1) for a, b in zip(mine, theirs, strict=True))
         context = {"steps": lockstep_steps, "corpus": name}
         rows.append(row("lockstep_max_rel_loss_diff", worst, "relative", **context))
@@ -231,7 +233,8 @@ def lockstep_and_init(
         inits["fairseq"] = torch.load(work / "fairseq-init.pt", weights_only=True)
     last = min(10, init_steps)
     for init_name, init in inits.items():
-        nll = [x[1] for x in recipe.bare_loop(cfg, job, init, batches, init_steps, accum, False)]
+        loop = recipe.BareLoop(cfg, job.optim, seed, init)
+        nll = [loop.step(batches[accum * k : accum * (k + 1)])[1] for k in range(init_steps)]
         context = {"init": init_name, "steps": init_steps, "window": last, "corpus": name}
         rows.append(
             row("train_nll_last_steps", statistics.mean(nll[-last:]), "nats/token", **context)

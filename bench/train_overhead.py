@@ -5,11 +5,11 @@ built from the settled job as `paperscale train` builds it (the DeepSpeed engine
 accumulation as configured, batches streamed by data_pipeline's TokenBatchStream from real
 shards), and the loop's own body for each step (step, log, evaluate and save when due: here
 only the metrics.jsonl line every `train.log_every` steps, with its all-reduce). The bare side
-is the same Transformer in plain PyTorch: its training forward (the same chunked
-label-smoothed loss sums), the same loss normalisation, torch.optim.AdamW, replaying exactly
-the micro-batches the trainer consumed in the window before (so the token counts are equal and
-the bare side pays no data loading). Windows alternate, so the machine's load drifts equally
-on both; the figure is the ratio of summed tokens/s.
+is the same recipe in plain PyTorch (bench/recipe.py BareLoop: the same Transformer and
+chunked label-smoothed loss sums, the same loss normalisation, torch Adam and the schedule),
+replaying exactly the micro-batches the trainer consumed in the window before (so the token
+counts are equal and the bare side pays no data loading). Windows alternate, so the machine's
+load drifts equally on both; the figure is the ratio of summed tokens/s.
 
 Both sides compute in the same precision, so the ratio measures the trainer's overhead and not
 a precision difference: the bare loop runs fp32 weights under bf16 autocast when the trainer
@@ -20,20 +20,16 @@ prepared under the work directory first.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bench.common import QUIET_SINKS, Row, prepare_synthetic, row
+from bench.recipe import BareLoop
 from data_pipeline.loader import Batch
 from launch.config import load_config, to_dict
-from model.transformer import Transformer
 from trainer.dist import init_distributed
-from trainer.ds.engine import seed_everything
 from trainer.loop import Trainer
 from trainer.run_dir import RunDir
 from trainer.settle import settle_job
@@ -80,44 +76,12 @@ def trainer_steps(trainer: Trainer, steps: int) -> list[list[Batch]]:
     return [taken.taken[i : i + k] for i in range(0, len(taken.taken), k)]
 
 
-class BareSide:
-    """The same model in plain PyTorch: AdamW, no DeepSpeed, no loader; bf16 autocast over
-    fp32 weights when the paperscale side trains in bf16, plain fp32 when it trains in fp32."""
-
-    def __init__(self, model_cfg: Any, epsilon: float, precision: str) -> None:
-        seed_everything(1)
-        self.model = Transformer(model_cfg).train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98))
-        self.epsilon = epsilon
-        self.bf16 = precision == "bf16"
-
-    def step(self, micro: list[Batch]) -> None:
-        tokens = sum(b.n_tgt_tokens for b in micro)
-        for batch in micro:
-            autocast = (
-                torch.autocast("cpu", dtype=torch.bfloat16)
-                if self.bf16
-                else contextlib.nullcontext()
-            )
-            with autocast:
-                loss, _, _ = self.model(
-                    batch.src,
-                    batch.tgt_in,
-                    batch.tgt_out,
-                    self.epsilon,
-                    src_padded=batch.src_padded,
-                )
-            (loss / tokens).backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-
 def tokens_of(micros: list[list[Batch]]) -> int:
     return sum(b.n_src_tokens + b.n_tgt_tokens for micro in micros for b in micro)
 
 
 def time_windows(
-    windows: int, steps: int, trainer: Trainer, bare: BareSide
+    windows: int, steps: int, trainer: Trainer, bare: BareLoop
 ) -> list[tuple[int, float, float]]:
     """`windows` windows of `steps` steps, the trainer's and then the bare loop's on the same
     micro-batches; (tokens, paperscale seconds, bare seconds) of each."""
@@ -150,7 +114,7 @@ def measure(
     job = load_config(config, [f"data.dir={data_dir}", *QUIET_SINKS, *only_steps, *overrides])
     trainer = open_trainer(job, work / "run")
     job, model_cfg = trainer.job, trainer.model_cfg
-    bare = BareSide(model_cfg, model_cfg.label_smoothing, job.train.precision)
+    bare = BareLoop(model_cfg, job.optim, seed=1, bf16=job.train.precision == "bf16")
     for micro in trainer_steps(trainer, warmup):
         bare.step(micro)
     timed = time_windows(windows, steps, trainer, bare)

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 
 from bench import data as bench
-from bench.data import PADDING_ROWS, padding_stats, read_lengths
+from bench.data import PADDING_ROWS, Batching, padding_stats, read_lengths
 from tests.data_pipeline.conftest import MAX_LEN
 
 
 def test_padding_split_and_v2_not_worse(prepared: Path) -> None:
     lens = read_lengths(prepared, MAX_LEN)
     for pm, bw in ((8, 8), (1, 1)):
-        kw = {"window": 500, "max_tokens": 512, "pad_multiple": pm, "bucket_width": bw}
-        v1 = padding_stats(lens, version=1, **kw)
-        v2 = padding_stats(lens, version=2, **kw)
-        v3 = padding_stats(lens, version=3, batch_multiple=8, **kw)
+        v1, v2, v3 = (
+            padding_stats(lens, Batching(version, pm, bm, bw, window=500), max_tokens=512)
+            for version, bm in ((1, 1), (2, 1), (3, 8))
+        )
         for r in (v1, v2, v3):
             assert r["padding"] == pytest.approx(r["rounding"] + r["mismatch"])
             assert 0 < r["fill"] <= 1 and r["batches"] > 10

@@ -6,7 +6,9 @@ Tests that damage shards work on a copy (``prepared_copy``).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,19 +26,19 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_corpus(tmp_path_factory.mktemp("corpus"))
 
 
+def prepare_test_corpus(
+    corpus_dir: Path, out: Path, log: Callable[[str], Any] = lambda _: None, **kw: Any
+) -> dict[str, Any]:
+    """`prepare` at the settings of the `prepared` fixture (and `kw`); its manifest."""
+    return prepare(corpus_dir, out, vocab_size=VOCAB, shard_samples=SHARD_SAMPLES, workers=2,
+                   max_len=MAX_LEN, log=log, **kw)  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def prepared(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """6 train shards (~2950 pairs), 1 valid shard, 1 test shard (150 pairs each)."""
     out = tmp_path_factory.mktemp("prepared")
-    prepare(
-        corpus_dir,
-        out,
-        vocab_size=VOCAB,
-        shard_samples=SHARD_SAMPLES,
-        workers=2,
-        max_len=MAX_LEN,
-        log=lambda _: None,
-    )
+    prepare_test_corpus(corpus_dir, out)
     return out
 
 

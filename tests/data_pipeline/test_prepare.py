@@ -18,7 +18,7 @@ from data_pipeline.manifest import read_manifest
 from data_pipeline.prepare import PROGRESS_NAME, prepare
 from data_pipeline.shards import sha256_file
 from data_pipeline.tokenizer import BOS_ID, EOS_ID, Tokenizer
-from tests.data_pipeline.conftest import MAX_LEN, SHARD_SAMPLES, VOCAB
+from tests.data_pipeline.conftest import MAX_LEN, SHARD_SAMPLES, VOCAB, prepare_test_corpus
 from tests.data_pipeline.corpus_gen import make_corpus
 
 
@@ -87,15 +87,7 @@ def test_rerun_verifies_and_redoes_only_damaged(prepared_copy: Path, corpus_dir:
     untouched = out / before["splits"]["train"]["shards"][0]["name"]
     mtime = untouched.stat().st_mtime_ns
     lines: list[str] = []
-    after = prepare(
-        corpus_dir,
-        out,
-        vocab_size=VOCAB,
-        shard_samples=SHARD_SAMPLES,
-        workers=2,
-        max_len=MAX_LEN,
-        log=lines.append,
-    )
+    after = prepare_test_corpus(corpus_dir, out, lines.append)
     assert after == before
     assert untouched.stat().st_mtime_ns == mtime
     assert any("reusing" in line for line in lines)
@@ -279,15 +271,7 @@ def test_lost_tokenizer_redoes_every_shard(prepared_copy: Path, corpus_dir: Path
     before = read_manifest(prepared_copy)
     (prepared_copy / "spm.model").unlink()
     lines: list[str] = []
-    after = prepare(
-        corpus_dir,
-        prepared_copy,
-        vocab_size=VOCAB,
-        shard_samples=SHARD_SAMPLES,
-        workers=2,
-        max_len=MAX_LEN,
-        log=lines.append,
-    )
+    after = prepare_test_corpus(corpus_dir, prepared_copy, lines.append)
     assert any("training sentencepiece" in line for line in lines)
     assert any("train:" in line and "(0 verified" in line for line in lines)
     # Training is deterministic (same sample, same seed): same pieces, same shards.

@@ -16,10 +16,13 @@ import webdataset as wds
 from data_pipeline.batching import Sample, plan_batches, round_up
 from data_pipeline.loader import TokenBatchStream
 from data_pipeline.manifest import read_manifest
-from data_pipeline.prepare import prepare, verify
+from data_pipeline.prepare import verify
 from data_pipeline.shards import PARTS, ShardReadError, ShardWriter, ids_to_bytes, iter_shard
 from data_pipeline.text import read_split_text
-from tests.data_pipeline.conftest import MAX_LEN, SHARD_SAMPLES, VOCAB, data_cfg
+from tests.data_pipeline.conftest import (
+    data_cfg,
+    prepare_test_corpus,
+)
 
 SAMPLES = [
     (
@@ -110,16 +113,7 @@ def test_prepare_compressed_shards_stream_like_plain(
     prepared: Path, corpus_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "gz"
-    m = prepare(
-        corpus_dir,
-        out,
-        vocab_size=VOCAB,
-        shard_samples=SHARD_SAMPLES,
-        workers=2,
-        max_len=MAX_LEN,
-        compress_shards=True,
-        log=lambda _: None,
-    )
+    m = prepare_test_corpus(corpus_dir, out, compress_shards=True)
     plain = read_manifest(prepared)
     for split, entry in m["splits"].items():
         names = [s["name"] for s in entry["shards"]]

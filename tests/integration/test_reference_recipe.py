@@ -3,9 +3,10 @@ give, step for step, the losses of a bare PyTorch loop of the paper's recipe (sa
 weights, the same micro-batches, torch Adam, the inverse-sqrt schedule, gradient = summed token
 losses / target tokens of the whole step).
 
-That bare loop is the reference bench/peer_fairseq.py checks against fairseq: with the same
-weights and batches it gives fairseq's per-step losses (bench/RESULTS.md). Together they pin
-"learns per step as fairseq does" for everything but the initialisation (tests/model/test_init.py).
+That bare loop (bench/recipe.py BareLoop) is the one bench/peer_fairseq.py steps beside
+fairseq: with the same weights and batches it gives fairseq's per-step losses
+(bench/RESULTS.md). Together they pin "learns per step as fairseq does" for everything but the
+initialisation (tests/model/test_init.py).
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
+from bench.recipe import BareLoop
 from data_pipeline.loader import Batch, TokenBatchStream
 from launch.config import load_config
 from model.config import ModelConfig
-from model.transformer import Transformer
 from tests.integration.conftest import TINY_MODEL
 from tests.integration.test_zero_stages import ROOT, losses, train
-from trainer.ds.engine import seed_everything
-from trainer.schedule import build_scheduler
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -43,35 +41,14 @@ def rank_batches(data: Path, job: object) -> list[list[Batch]]:
     return [[next(s) for s in streams for _ in range(ACCUM)] for _ in range(STEPS)]
 
 
-def reference_losses(data: Path, per_batch_mean: bool = False) -> list[float]:
+def reference_losses(data: Path, each_its_own: bool = False) -> list[float]:
+    """The bare loop's per-step losses (bench/recipe.py BareLoop) on the trainer's batches."""
     job = load_config(
         ROOT / "configs/tiny.yaml",
         [*TINY_MODEL, "model.dropout=0.0", "model.vocab_size=96", f"data.dir={data}"],
     )
-    seed_everything(job.train.seed)  # as trainer.loop: the seed, then the model
-    model = Transformer(ModelConfig(**job.model.__dict__)).train()
-    opt = torch.optim.Adam(
-        model.parameters(), lr=1.0, betas=(job.optim.beta1, job.optim.beta2), eps=job.optim.eps
-    )
-    sched = build_scheduler(
-        opt, d_model=job.model.d_model, warmup_steps=job.optim.warmup_steps, lr=job.optim.lr,
-        warmup_init_lr=job.optim.warmup_init_lr,
-    )  # fmt: skip
-    eps = job.model.label_smoothing
-    out = []
-    for micro in rank_batches(data, job):
-        tokens = sum(b.n_tgt_tokens for b in micro)
-        total = 0.0
-        for b in micro:
-            loss, _, _ = model(b.src, b.tgt_in, b.tgt_out, eps, src_padded=b.src_padded)
-            norm = b.n_tgt_tokens * len(micro) if per_batch_mean else tokens
-            (loss / norm).backward()
-            total += float(loss)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        out.append(total / tokens)
-    return out
+    loop = BareLoop(ModelConfig(**job.model.__dict__), job.optim, job.train.seed)
+    return [loop.step(micro, each_its_own)[0] for micro in rank_batches(data, job)]
 
 
 def test_two_ranks_with_accumulation_give_the_reference_loops_losses(
@@ -84,7 +61,7 @@ def test_two_ranks_with_accumulation_give_the_reference_loops_losses(
     want = reference_losses(synthetic_data)
     assert got == pytest.approx(want, rel=REL_TOL)
     assert got[-1] < got[0]  # the weights moved: the comparison covers the optimizer's steps
-    wrong = reference_losses(synthetic_data, per_batch_mean=True)
+    wrong = reference_losses(synthetic_data, each_its_own=True)
     off = max(abs(a / b - 1) for a, b in zip(got, wrong, strict=True))
     print(
         f"trainer vs reference: {max(abs(a / b - 1) for a, b in zip(got, want, strict=True)):.2e}; "

@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def plan_cli(*args: str) -> subprocess.CompletedProcess:
+    """`paperscale plan ARGS` in a process of its own, from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "launch.cli", "plan", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture

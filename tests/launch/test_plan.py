@@ -27,6 +27,7 @@ from launch.cost_model.plan import (
 )
 from model.config import LOSS_CHUNK_ELEMENTS, ModelConfig
 from tests.integration.conftest import cli_env
+from tests.launch.conftest import plan_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_BUCKETS = Buckets(reduce=0, allgather=0, prefetch=0, persistence_threshold=0)
@@ -170,19 +171,9 @@ def test_higher_stage_recommended_when_memory_is_tight() -> None:
     assert recommend_stage([{**s, "fits": False} for s in stages]) is None
 
 
-def _plan_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "launch.cli", "plan", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_cli_json_and_table() -> None:
     args = ["--config", "configs/big.yaml", "--nodes", "1", "--gpus-per-node", "8"]
-    proc = _plan_cli(*args, "--gpu-mem", "80", "--json")
+    proc = plan_cli(*args, "--gpu-mem", "80", "--json")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["params"]["total"] == 214_245_376
@@ -190,7 +181,7 @@ def test_cli_json_and_table() -> None:
     assert plan["world"] == 8 and plan["target_tokens_per_side"] == 25_000
     assert plan["micro_tokens"] * plan["grad_accum"] * 8 >= 25_000
     assert plan["max_steps"] == 300_000
-    proc = _plan_cli(*args, "--gpu-mem", "80", "train.activation_checkpointing=true")
+    proc = plan_cli(*args, "--gpu-mem", "80", "train.activation_checkpointing=true")
     assert proc.returncode == 0, proc.stderr
     assert "recommended      ZeRO" in proc.stdout and "ZeRO 3" in proc.stdout
 
@@ -202,22 +193,22 @@ def test_cli_json_and_table() -> None:
 def test_cli_gpu_picks_the_precision_auto_would(
     gpu: str, precision: str, peak: float, memory: float
 ) -> None:
-    proc = _plan_cli("--config", "configs/big.yaml", "--gpu", gpu, "--json")
+    proc = plan_cli("--config", "configs/big.yaml", "--gpu", gpu, "--json")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["precision"] == precision and plan["precision_from"].startswith("auto: ")
     assert plan["peak_tflops"] == pytest.approx(peak) and plan["gpu_mem_gib"] == memory
-    proc = _plan_cli("--config", "configs/big.yaml", "--gpu", gpu, "--gpu-mem", "20")
+    proc = plan_cli("--config", "configs/big.yaml", "--gpu", gpu, "--gpu-mem", "20")
     assert proc.returncode == 0 and f"precision        {precision} (auto: " in proc.stdout
 
 
 def test_cli_without_gpu_states_its_assumption() -> None:
-    proc = _plan_cli("--config", "configs/big.yaml")
+    proc = plan_cli("--config", "configs/big.yaml")
     assert proc.returncode == 0, proc.stderr
     assert "precision        bf16 (auto, assumed: a GPU of compute capability >= 8.0" in (
         proc.stdout
     )
-    proc = _plan_cli("--config", "configs/big.yaml", "train.precision=fp32", "--json")
+    proc = plan_cli("--config", "configs/big.yaml", "train.precision=fp32", "--json")
     plan = json.loads(proc.stdout)
     assert plan["precision"] == "fp32" and plan["precision_from"] == "set in the config"
     assert plan["peak_tflops"] == pytest.approx(790.0)
@@ -241,11 +232,11 @@ def test_checkpoint_bytes_match_what_deepspeed_writes() -> None:
 
 
 def test_cli_states_the_save_time_and_warns_when_it_does_not_fit() -> None:
-    proc = _plan_cli("--config", "configs/big.yaml", "--gpu", "h200", "--json")
+    proc = plan_cli("--config", "configs/big.yaml", "--gpu", "h200", "--json")
     ckpt = json.loads(proc.stdout)["checkpoint"]
     assert ckpt["bytes_per_param"] == pytest.approx(14.0) and ckpt["fits_grace"]
     assert ckpt["write_gbs"] == 1.0 and ckpt["grace_s"] == 30.0
-    slow = _plan_cli("--config", "configs/big.yaml", "--gpu", "h200", "--write-gbs", "0.05")
+    slow = plan_cli("--config", "configs/big.yaml", "--gpu", "h200", "--write-gbs", "0.05")
     assert slow.returncode == 0, slow.stderr
     assert "checkpoint       3.00 GB" in slow.stdout and "at 0.05 GB/s per node" in slow.stdout
     assert "warning: a save of ~60 s does not fit train.stop_grace_s=30 s" in slow.stdout
@@ -264,7 +255,7 @@ def test_cli_states_the_save_time_and_warns_when_it_does_not_fit() -> None:
     ],
 )
 def test_cli_bad_args_exit_2_one_line(bad: list[str], needle: str) -> None:
-    proc = _plan_cli("--config", "configs/base.yaml", *bad)
+    proc = plan_cli("--config", "configs/base.yaml", *bad)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
 

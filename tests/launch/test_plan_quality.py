@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from launch.cost_model.plan import Machine, make_plan, step_time
 from launch.cost_model.quality import ANCHORS, Anchor, model_kind, pick_anchor, time_to_quality
 from model.config import ModelConfig
+from tests.launch.conftest import plan_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 BIG = ModelConfig(vocab_size=37000, d_model=1024, n_heads=16, d_ff=4096)
@@ -71,19 +70,9 @@ def test_step_time_adds_the_overheads_per_step_and_per_micro_batch() -> None:
     assert plan["step_s"] == pytest.approx(plan["compute_s"] + 0.01 + plan["grad_accum"] * 0.002)
 
 
-def _plan_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "launch.cli", "plan", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_cli_prints_the_time_to_bleu_and_its_reasoning() -> None:
     args = ("--config", "configs/big_8gpu.yaml", "--gpu", "h200", "--target-tokens", "config")
-    proc = _plan_cli(*args)
+    proc = plan_cli(*args)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "target           458,752 tokens per side per step (config: 14,336 x 4 x 8 ranks)" in out
@@ -92,7 +81,7 @@ def test_cli_prints_the_time_to_bleu_and_its_reasoning() -> None:
     assert "time to BLEU     29.3 (fairseq-scaling: Ott et al. 2018" in out
     assert "/ 458,752 per step = 24,000 steps ->" in out
     assert "as configured    14,336 x 4 x 8 ranks = 458,752 tokens per side at ZeRO 1 (fits" in out
-    plan = json.loads(_plan_cli(*args, "--json").stdout)
+    plan = json.loads(plan_cli(*args, "--json").stdout)
     assert plan["quality"]["steps"] == 24_000 and plan["speed_measured"] is True
     assert plan["quality"]["hours"] == pytest.approx(24_000 * plan["step_s"] / 3600)
     assert plan["step_s"] == pytest.approx(plan["compute_s"] + 0.002) and plan["mfu"] == 0.235
@@ -100,13 +89,13 @@ def test_cli_prints_the_time_to_bleu_and_its_reasoning() -> None:
 
 
 def test_cli_paper_batch_uses_the_papers_anchor_and_other_anchors_on_request() -> None:
-    plan = json.loads(_plan_cli("--config", "configs/big.yaml", "--gpu", "h100", "--json").stdout)
+    plan = json.loads(plan_cli("--config", "configs/big.yaml", "--gpu", "h100", "--json").stdout)
     tokens = plan["tokens_per_step_per_side"]
     assert plan["quality"]["anchor"] == "paper-big"
     assert plan["quality"]["steps"] == math.ceil(300_000 * 25_000 / tokens)
-    named = _plan_cli("--config", "configs/big.yaml", "--anchor", "mlperf-v0.7", "--json")
+    named = plan_cli("--config", "configs/big.yaml", "--anchor", "mlperf-v0.7", "--json")
     assert json.loads(named.stdout)["quality"]["anchor"] == "mlperf-v0.7"
-    tiny = _plan_cli("--config", "configs/tiny.yaml", "--gpus-per-node", "2")
+    tiny = plan_cli("--config", "configs/tiny.yaml", "--gpus-per-node", "2")
     assert "time to BLEU     no anchor for this model" in tiny.stdout
 
 
@@ -121,7 +110,7 @@ def test_cli_paper_batch_uses_the_papers_anchor_and_other_anchors_on_request() -
     ],
 )
 def test_cli_bad_args_exit_2_one_line(bad: list[str], needle: str) -> None:
-    proc = _plan_cli("--config", "configs/big.yaml", *bad)
+    proc = plan_cli("--config", "configs/big.yaml", *bad)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
 
@@ -130,10 +119,10 @@ def test_a_measured_gpu_uses_its_measured_mfu_unless_told_otherwise() -> None:
     """H200 was measured by the `gpu` bench (bench/RESULTS.md): eager and compiled MFU, no
     all-reduce on one GPU; --mfu or --overhead-ms go back to the assumed model."""
     base = ("--config", "configs/big.yaml", "--gpu", "h200", "--nodes", "1", "--json")
-    one = json.loads(_plan_cli(*base, "--gpus-per-node", "1").stdout)
+    one = json.loads(plan_cli(*base, "--gpus-per-node", "1").stdout)
     assert one["speed_measured"] is True and one["mfu"] == 0.235
     assert one["step_s"] == pytest.approx(one["compute_s"])  # no all-reduce on one GPU
-    compiled = json.loads(_plan_cli(*base, "--gpus-per-node", "1", "train.compile=true").stdout)
+    compiled = json.loads(plan_cli(*base, "--gpus-per-node", "1", "train.compile=true").stdout)
     assert compiled["mfu"] == 0.319
-    told = json.loads(_plan_cli(*base, "--mfu", "0.5").stdout)
+    told = json.loads(plan_cli(*base, "--mfu", "0.5").stdout)
     assert told["speed_measured"] is False and told["mfu"] == 0.5

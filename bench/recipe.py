@@ -1,7 +1,7 @@
-"""The two sides of bench/peer_fairseq.py: our prepared data and recipe in fairseq's terms
-(sentencepiece pieces and dict.txt binarized by fairseq-preprocess, fairseq-train's arguments,
-bench/fairseq_worker.py under fairseq's python), and paperscale's recipe as a bare loop over
-given micro-batches from given initial weights.
+"""paperscale's recipe as a bare PyTorch loop (BareLoop: the reference the trainer is tested
+against, stepped beside fairseq by bench/peer_fairseq.py, train_overhead's bare side), and the
+same data and recipe in fairseq's terms (sentencepiece pieces and dict.txt binarized by
+fairseq-preprocess, fairseq-train's arguments, bench/fairseq_worker.py under fairseq's python).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import itertools
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import sentencepiece
 import torch
 
 from bench.common import ROOT, SMOKE_MODEL, run_command
+from data_pipeline.loader import Batch, TokenBatchStream
 from data_pipeline.manifest import read_manifest, tokenizer_path
 from data_pipeline.shards import decode_sample, iter_shard
 from data_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
@@ -117,16 +119,11 @@ def model_config(job: Any, **changes: Any) -> ModelConfig:
     return ModelConfig(**{**cfg.__dict__, **changes})
 
 
-def dump_batches(job: Any, micro: int) -> list[dict[str, torch.Tensor]]:
+def dump_batches(job: Any, micro: int) -> list[Batch]:
     """The first `micro` micro-batches of a one-rank stream with the preset's data settings."""
-    from data_pipeline.loader import TokenBatchStream
-
     cfg = job.data.__class__(**{**job.data.__dict__, "num_workers": 0})
     stream = TokenBatchStream(Path(job.data.dir), "train", cfg)
-    out = [
-        {"src": b.src, "tgt_in": b.tgt_in, "tgt_out": b.tgt_out}
-        for b in itertools.islice(stream, micro)
-    ]
+    out = list(itertools.islice(stream, micro))
     stream.close()
     return out
 
@@ -144,39 +141,51 @@ def initial_weights(cfg: ModelConfig, seed: int, xavier: bool = False) -> dict[s
     return model.state_dict()
 
 
-def bare_loop(
-    cfg: ModelConfig, job: Any, init: dict[str, torch.Tensor],
-    batches: list[dict[str, torch.Tensor]], steps: int, accum: int, fairseq_lr: bool,
-) -> list[tuple[float, float, float]]:  # fmt: skip
-    """paperscale's recipe without the trainer: (loss, nll, seconds) per step, per target
-    token."""
-    torch.manual_seed(job.train.seed)  # the dropout stream, the same for every initial state
-    model = Transformer(cfg)
-    model.load_state_dict(init)
-    model.train()
-    o = job.optim
-    opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(o.beta1, o.beta2), eps=o.eps)
-    shape = {"d_model": cfg.d_model, "warmup_steps": o.warmup_steps, "lr": o.lr,
-             "warmup_init_lr": o.warmup_init_lr}  # fmt: skip
-    sched = (
-        torch.optim.lr_scheduler.LambdaLR(  # update k uses lr(k - 1); lr(0) = warmup_init_lr
-            opt, lambda k: inverse_sqrt_lr(k, **shape) if k else o.warmup_init_lr
+class BareLoop:
+    """paperscale's recipe without the trainer, in plain PyTorch: the model from `init` (else
+    drawn from `seed` as trainer.loop draws it), torch Adam with the job's betas and eps, the
+    inverse-sqrt schedule (or, with `fairseq_lr`, fairseq's sequence: update k uses lr(k - 1),
+    lr(0) = warmup_init_lr), and per step the gradient of the summed label-smoothed token
+    losses of its micro-batches over their target tokens; under bf16 autocast over fp32
+    weights with `bf16`. The reference the trainer is held to
+    (tests/integration/test_reference_recipe.py) and that bench/peer_fairseq.py steps beside
+    fairseq; train_overhead's bare side."""
+
+    def __init__(
+        self, cfg: ModelConfig, optim: Any, seed: int, init: dict[str, torch.Tensor] | None = None,
+        fairseq_lr: bool = False, bf16: bool = False,
+    ) -> None:  # fmt: skip
+        seed_everything(seed)  # the seed, then the model: also the dropout stream after it
+        self.model, self.eps, self.bf16 = Transformer(cfg).train(), cfg.label_smoothing, bf16
+        if init is not None:
+            self.model.load_state_dict(init)
+        o = optim
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(o.beta1, o.beta2),
+                                    eps=o.eps)  # fmt: skip
+        shape = {"d_model": cfg.d_model, "warmup_steps": o.warmup_steps, "lr": o.lr,
+                 "warmup_init_lr": o.warmup_init_lr}  # fmt: skip
+        self.sched = (
+            torch.optim.lr_scheduler.LambdaLR(
+                self.opt, lambda k: inverse_sqrt_lr(k, **shape) if k else o.warmup_init_lr
+            )
+            if fairseq_lr
+            else build_scheduler(self.opt, **shape)
         )
-        if fairseq_lr
-        else build_scheduler(opt, **shape)
-    )
-    out = []
-    for step in range(steps):
+
+    def step(self, micro: Sequence[Batch], each_its_own: bool = False) -> tuple[float, ...]:
+        """One optimizer step on `micro`: (loss, nll, seconds), per target token. With
+        `each_its_own`, each micro-batch's loss over its own tokens instead (a recipe that
+        differs: the trainer must not match it)."""
         started = time.perf_counter()
-        micro = batches[accum * step : accum * (step + 1)]
-        tokens = sum(int(b["tgt_out"].ne(PAD_ID).sum()) for b in micro)
+        tokens = sum(b.n_tgt_tokens for b in micro)
         loss_sum = nll_sum = 0.0
         for b in micro:
-            loss, nll, _ = model(b["src"], b["tgt_in"], b["tgt_out"], cfg.label_smoothing)
-            (loss / tokens).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                loss, nll, _ = self.model(b.src, b.tgt_in, b.tgt_out, self.eps,
+                                          src_padded=b.src_padded)  # fmt: skip
+            (loss / (b.n_tgt_tokens * len(micro) if each_its_own else tokens)).backward()
             loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        out.append((loss_sum / tokens, nll_sum / tokens, time.perf_counter() - started))
-    return out
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss_sum / tokens, nll_sum / tokens, time.perf_counter() - started
