@@ -83,7 +83,8 @@ $(FAIRSEQ_VENV)/.installed:
 $(DATA)/manifest.json: $(CORPUS)/corpus.json
 	$(PS) prepare $(CORPUS) $(DATA) --config configs/tiny.yaml --workers 2
 
-# configs/demo.yaml: the tiny model on a time budget (DEMO_MINUTES=N for another one).
+# configs/demo.yaml: the tiny preset's layers at half width on a time budget (DEMO_MINUTES=N
+# for another one).
 demo: venv $(DATA)/manifest.json
 	rm -rf $(DEMO_RUN)
 	$(PS) train --config configs/demo.yaml --nproc 2 --run-dir $(DEMO_RUN) data.dir=$(DATA) \

@@ -30,8 +30,9 @@ def test_a_missing_or_circular_base_is_one_clear_error(tmp_path: Path) -> None:
         load_config(tmp_path / "b.yaml")
 
 
-def test_the_demo_preset_is_the_tiny_model_on_a_budget() -> None:
+def test_the_demo_preset_is_the_tiny_models_layers_at_half_width_on_a_budget() -> None:
     tiny, demo = load_config(ROOT / "configs/tiny.yaml"), load_config(ROOT / "configs/demo.yaml")
-    shape = ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "pre_norm")
+    shape = ("n_heads", "encoder_layers", "decoder_layers", "pre_norm")
     assert all(getattr(demo.model, k) == getattr(tiny.model, k) for k in shape)
+    assert (demo.model.d_model, demo.model.d_ff) == (tiny.model.d_model // 2, tiny.model.d_ff // 2)
     assert demo.train.budget_minutes > 0 and demo.optim.schedule == "linear"
