@@ -1,12 +1,10 @@
 """One registered bench by name: `python -m bench NAME [--smoke] [--work DIR] [--json PATH]
 [key=value ...]`.
 
-The harness owns what every bench shares: its declaration (configs/bench/NAME.yaml; `python
--m bench.suite --list` prints them) gives the bench's measuring function and the keyword
-arguments of its full or smoke size, `key=value` changes one of them (the value read as YAML:
-3, 0.5, true, [1, 2], a path), and the rows the function returns are printed as a table and
-written to `--json PATH` for bench/suite.py. Under torchrun (a bench of `ranks` > 1) rank 0
-reports. A row with a `goal` (">= 0.90") that its value misses makes a full-size run exit 1.
+Calls the bench's function with the keyword arguments of its size, `key=value` changing one
+(the value read as YAML: 3, 0.5, true, [1, 2], a path); prints its rows and writes them to
+`--json PATH`. Under torchrun rank 0 reports. A row with a `goal` (">= 0.90") that its value
+misses makes a full-size run exit 1.
 """
 
 from __future__ import annotations
@@ -26,12 +24,11 @@ import yaml
 from bench import registry
 from bench.common import BenchInputError, Row, missed_goals, write_rows
 from bench.registry import Bench
-from bench.suite import format_value
+from bench.suite import details, format_value
 
 
 def parse_params(pairs: Sequence[str], bench: Bench, known: set[str]) -> dict[str, Any]:
-    """`key=value` pairs as keyword arguments among `known`; BenchInputError naming a malformed
-    or unknown one."""
+    """`key=value` pairs as keyword arguments among `known`."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -45,13 +42,8 @@ def parse_params(pairs: Sequence[str], bench: Bench, known: set[str]) -> dict[st
 def print_rows(rows: Sequence[Row]) -> None:
     """The rows as a table: figure, value and unit, then the case they measured."""
     for r in rows:
-        details = ", ".join(
-            f"{k}={v}" for k, v in r.items() if k not in ("figure", "value", "unit")
-        )
-        print(
-            f"{r['figure']:<48} {format_value(r['value']):>10} {r['unit']:<12} {details}",
-            flush=True,
-        )
+        value = format_value(r["value"])
+        print(f"{r['figure']:<48} {value:>10} {r['unit']:<12} {details(r)}", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,11 +1,7 @@
 """SDPA kernels side by side: forward + backward milliseconds of each kernel torch has for this
-device, at the attention shapes a preset trains with, in each precision the machine trains in.
-
-Shapes: the preset's heads and head size; rows B = data.max_tokens / T for sentence lengths T
-of 24, 64 and 128 tokens; the three forms the model computes (decoder self-attention by
-is_causal, padded keys as in the encoder and the cross-attention, no mask). One thread, as each
-CPU rank runs. Rows: milliseconds per kernel and case, and flash / math per case, the figures
-behind trainer/kernels.py's rule for `train.attention: auto`.
+device at a preset's attention shapes (B = data.max_tokens / T for T of 24, 64 and 128; causal,
+padded keys, no mask), in each precision the machine trains in, on one thread; and flash / math
+per case, the figures behind trainer/kernels.py's rule for `train.attention: auto`.
 """
 
 from __future__ import annotations

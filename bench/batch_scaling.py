@@ -1,11 +1,7 @@
-"""Quality per step at twice the batch: two `paperscale train` runs on the same data and machine.
-
-The preset at B target tokens per step (no accumulation) and at 2B (2 micro-batches), the
-peak learning rate scaled by sqrt(2) (the square-root rule for Adam: Malladi et al., "On the
-SDEs and Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022), each for --steps
-steps; the steps and the training seconds each needs to reach the valid nll that B ends at.
-Every figure is read from the runs' own metrics.jsonl. Without `data` a synthetic corpus of
-2,000 pairs is prepared in the work directory.
+"""Quality per step at twice the batch: the preset at B target tokens per step and at 2B (2
+micro-batches, peak lr x sqrt 2: the square-root rule for Adam, Malladi et al., NeurIPS 2022),
+`steps` steps each; the steps and training seconds each needs to reach B's final valid nll,
+from the runs' metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ def nll(record: dict) -> float:
 
 
 def to_target(records: list[dict], target: float) -> tuple[int, float] | None:
-    """(step, training seconds) of the first evaluation at or below `target` nll; a logged
-    step's training seconds are its tokens over its tokens/s (evaluations left out)."""
+    """(step, training seconds) of the first evaluation at or below `target` nll."""
     seconds = 0.0
     for r in records:
         if "tgt_tokens_per_s" in r:  # every step is logged

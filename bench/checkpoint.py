@@ -1,14 +1,10 @@
-"""Checkpoint size and save / load time of a preset (default: the paper's base model), against
-`paperscale plan`'s estimate of both (launch/cost_model/save.py).
+"""Checkpoint size and save / load time of a preset against `paperscale plan`'s estimate of both.
 
-Runs under torchrun, so that every rank writes its ZeRO partition. One optimizer step on random
-tokens fills the Adam moments, then the real save path (CheckpointManager.save: DeepSpeed files,
-per-rank state, `latest` last) is timed, and the restore after it. Then background saves
-(train.async_save) and synchronous ones alternate: the stall (until `save` returns, the state
-copied to host memory) and the time until the checkpoint is published, against a synchronous
-save, best of each (from the second background save on, the host buffers are those of the one
-before, as in a run). The engine is in the precision a training run would pick on this machine
-(`train.precision: auto` settled as the trainer settles it), which sets the bytes per parameter.
+Under torchrun (every rank writes its partition). One optimizer step fills the Adam moments;
+the real save path (CheckpointManager.save) is timed, and the restore. Then background and
+synchronous saves alternate: the stall (until `save` returns) and the time to publish against a
+synchronous save, best of each (the host buffers reused, as in a run). The engine is in the
+precision a training run would settle on.
 """
 
 from __future__ import annotations
@@ -35,7 +31,7 @@ from trainer.state import RngState, TrainState
 
 @dataclass(frozen=True)
 class SaveTimes:
-    """Seconds of the timed saves and the restore (the async and synchronous ones: the best)."""
+    """Seconds of the timed saves (the async and synchronous ones: the best) and the restore."""
 
     saved: float  # the first synchronous save
     loaded: float  # the restore after the saves
@@ -59,8 +55,7 @@ def trained_engine(job: Any, model_cfg: ModelConfig, env: Any) -> Any:
 
 
 def time_saves(manager: CheckpointManager, rounds: int) -> tuple[str, SaveTimes]:
-    """A synchronous save, then background and synchronous saves in turn, then the restore of
-    the last; the tag restored and the times (every rank waits for the others around each)."""
+    """A synchronous save, background and synchronous ones in turn, the restore of the last."""
     dist.barrier()
     start = time.perf_counter()
     tag = manager.save(1)
@@ -88,8 +83,7 @@ def time_saves(manager: CheckpointManager, rounds: int) -> tuple[str, SaveTimes]
 def checkpoint_rows(
     config: str, job: Any, env: Any, engine: Any, tag_dir: Path, t: SaveTimes
 ) -> list[Row]:
-    """The checkpoint in `tag_dir`, its times, and what `paperscale plan` estimates for it (one
-    node holding every rank)."""
+    """The checkpoint in `tag_dir`, its times, and `paperscale plan`'s estimate (one node)."""
     files = [p for p in tag_dir.rglob("*") if p.is_file()]
     size = sum(p.stat().st_size for p in files)
     params = sum(p.numel() for p in engine.module.parameters())
@@ -121,8 +115,8 @@ def checkpoint_rows(
 def measure(
     work: Path, config: str = "configs/base.yaml", overrides: Sequence[str] = (), rounds: int = 3
 ) -> list[Row]:
-    """Time the saves (`rounds` background / synchronous pairs after the first) and the
-    restore of the preset's engine on every rank, in rank 0's `work`; rank 0's rows."""
+    """Time the saves (`rounds` background / synchronous pairs after the first) and the restore
+    on every rank, in rank 0's `work`; rank 0's rows."""
     job, env, model_cfg = open_job(config, overrides)
     engine = trained_engine(job, model_cfg, env)
 

@@ -1,11 +1,8 @@
-"""What the benches share: their key figures as JSON rows (`--json PATH`), the smoke-size
-model, the precision a training run would pick on this machine, and running the project's
-commands (a `paperscale train` run read from its metrics).
+"""What the benches share: rows, goals, the smoke-size model, a bench's own engine, and running
+the project's commands.
 
-A row is one figure: ``{"figure": name, "value": number, "unit": str, ...context}``, where
-the optional context keys (a ZeRO stage, a search, a world size) say which case it measured.
-`bench/suite.py` reads these files to write bench/RESULTS.md, and the test suite checks them,
-so every bench reports the same way whatever it prints for a human.
+A row is one figure: ``{"figure": name, "value": number, "unit": str, ...context}``, where the
+context keys (a ZeRO stage, a world size) say which case it measured.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ from typing import Any
 
 Row = dict[str, Any]
 
-# A model small enough for a bench's --smoke run to take seconds on one CPU core, with the
-# same layer types and code path as the presets.
+# a model for seconds of a smoke run on one core: the presets' layers and code path
 SMOKE_MODEL = [
     "model.d_model=32",
     "model.n_heads=2",
@@ -44,8 +40,7 @@ def row(figure: str, value: float, unit: str, **context: Any) -> Row:
 
 
 def json_rows(rows: Sequence[Row]) -> list[Row]:
-    """The rows as JSON takes them (a non-finite value as null); ValueError naming the first
-    one that is not a proper row."""
+    """The rows as JSON takes them (NaN as null); ValueError naming one that is no row."""
     for r in rows:
         if not isinstance(r.get("figure"), str) or not isinstance(r.get("unit"), str):
             raise ValueError(f"a row needs a str figure and unit: {r!r}")
@@ -58,7 +53,7 @@ GOALS = {">=": operator.ge, "<=": operator.le}
 
 
 class BenchInputError(ValueError):
-    """Bad input to a bench (an argument, a study's file): one line and exit 2, before it runs."""
+    """Bad input to a bench: one line and exit 2, before it runs."""
 
 
 def missed_goals(rows: Sequence[Row]) -> list[str]:
@@ -73,8 +68,7 @@ def missed_goals(rows: Sequence[Row]) -> list[str]:
 
 
 def write_rows(path: str | os.PathLike[str] | None, rows: Sequence[Row]) -> None:
-    """Write `rows` to `path` as JSON (nothing when `path` is None); atomically, so a reader
-    never sees half a file."""
+    """Write `rows` to `path` (if any) as JSON, atomically."""
     if path is None:
         return
     target = Path(path)
@@ -88,10 +82,8 @@ def open_job(
     config: str, overrides: Sequence[str], device: str = "cpu", settle: bool = True
 ) -> tuple[Any, Any, Any]:
     """(job, distributed env, model config at the data's vocabulary) of a bench that builds its
-    own engine; with `settle`, `train.precision` as a training run would settle it on this
-    machine (`auto` -> bf16 / fp16 / fp32, trainer.settle.agree_on_precision, the same on every
-    rank): the DeepSpeed config treats any other value as fp32, and the checkpoint size
-    estimate and the planner need the real precision."""
+    own engine; with `settle`, `train.precision` settled as a training run settles it (`auto`
+    -> bf16 / fp16 / fp32), which the DeepSpeed config and the planner need."""
     from launch.config import load_config
     from model.config import ModelConfig
     from trainer.dist import init_distributed
@@ -107,9 +99,6 @@ def open_job(
     return job, env, model_cfg
 
 
-# --------------------------------------------------------------------------------------------
-# running the project's own commands
-
 ROOT = Path(__file__).resolve().parents[1]
 # CPU ranks of a multi-process bench: one thread each, DeepSpeed's CPU accelerator
 CPU_ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_SILENT": "true"}
@@ -120,7 +109,7 @@ QUIET_SINKS = ("logging.wandb=disabled", "logging.tensorboard=false", "logging.r
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    """Stop a process group (torchrun's ranks, DataLoader workers, ...): TERM, then KILL."""
+    """Stop a process group (torchrun's ranks, loader workers): TERM, then KILL."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -136,8 +125,8 @@ def run_logged(
     argv: Sequence[str], log: Path, env: Mapping[str, str], timeout: float, cwd: Path = ROOT
 ) -> int | None:
     """Run `argv` in a process group of its own, its output appended to `log`: its exit status,
-    or None once `timeout` seconds have passed. Past the timeout, or when this process is
-    stopped (Ctrl-C, TERM), the whole group is stopped, not the first process alone."""
+    or None past `timeout` seconds. Then, or when this process is stopped (Ctrl-C, TERM), the
+    whole group is stopped."""
     with open(log, "a") as f:
         proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -158,10 +147,9 @@ def run_command(
     timeout: float = 3600.0,
     cwd: Path = ROOT,
 ) -> float:
-    """Run `cmd` in `cwd` (the checkout first on PYTHONPATH), with this process's environment
-    changed by `env` (None removes a variable); its output to `log`, else dropped. Returns its
-    wall seconds; a non-zero exit or the timeout ends the bench, naming the command, with the
-    tail of its output."""
+    """Run `cmd` in `cwd` (first on PYTHONPATH), this environment changed by `env` (None removes
+    a variable), its output to `log`: its wall seconds. A non-zero exit or the timeout ends the
+    bench with the tail of its output."""
     full_env = {**os.environ, "PYTHONPATH": str(cwd)}
     for name, value in (env or {}).items():
         if value is None:
@@ -195,9 +183,8 @@ def train_run(
     log: Path | None = None,
     cwd: Path = ROOT,
 ) -> tuple[list[dict[str, Any]], float]:
-    """A new `paperscale train` run of `config` on `nproc` local ranks (`run_dir` removed
-    first, so it never resumes an older run), writing only metrics besides checkpoints, with
-    `overrides` last; its metric records and wall seconds (run_command's failures)."""
+    """A new `paperscale train` run (`run_dir` removed first) of `config` on `nproc` local
+    ranks, metrics.jsonl its only sink: its metric records and wall seconds."""
     from trainer.metrics import read_metrics
     from trainer.run_dir import RunDir
 
@@ -216,9 +203,7 @@ def prepare_synthetic(
     corpus_args: Sequence[str] = (),
     prepare_args: Sequence[str] = ("--vocab-size", "300"),
 ) -> Path:
-    """A synthetic corpus of `pairs` training pairs (`paperscale corpus synthetic` with
-    `corpus_args` besides) prepared into shards by `paperscale prepare` with `prepare_args`,
-    under `work`; reused when there."""
+    """`paperscale corpus synthetic` of `pairs` pairs, prepared, under `work` (reused)."""
     base = work / "-".join(["synthetic", str(pairs), *(a.strip("-") for a in corpus_args)])
     data = base / "data"
     if not (data / "manifest.json").is_file():

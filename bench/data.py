@@ -1,28 +1,22 @@
-"""Data pipeline at scale, side by side in one run on one corpus: shard bytes per sample, loader
-tokens/s, padding at a 4,096-token budget, and prepare pairs/s and peak memory.
+"""Data pipeline at scale, side by side in one run on one corpus.
 
-1. Shards: the corpus prepared (2 workers) into ``.tar`` and ``.tar.gz`` shards: bytes per
-   sample, pairs/s of the shard stage.
+1. Shards: the corpus prepared (2 workers) into ``.tar`` and ``.tar.gz``: bytes per sample,
+   pairs/s of the shard stage.
 2. Loader: real tokens/s (source + target) of one ``TokenBatchStream``, 0 and 1 workers, both
-   shard kinds: the steady rate from the first batch on, the start-up seconds beside it.
-3. Input order: the corpus prepared in input order and globally shuffled (the default), read by
-   1 worker at the demo's data settings (1,536-token batches, 4,000-sample windows) and at the
-   defaults: tokens/s and padding. Real corpora arrive grouped by source, so an in-order window
-   holds sentences of one kind (similar lengths: less padding) that a shuffled window mixes.
-4. Padding of the training split at ``max_tokens``, each window batched as the loader does:
-   batching v1 (random order inside buckets of max(S, T)) and v2 (sorted by padded shape) at
-   the old defaults (pad multiple 8, bucket 8, window 2,000) against v3 (v2 + batches cut to a
-   multiple of ``batch_multiple`` rows) at the defaults (pad 1, batch multiple 8, bucket 1,
-   window 100,000) and nearby. Padding (pad / padded tokens, both sides) splits into rounding,
-   what each row pays alone at that multiple (zero at 1, the same for any batching), and
-   mismatch, rows padded up to a longer row of their batch. Fill: real tokens per batch /
-   (2 * max_tokens); aligned: batches whose B * S and B * T are multiples of 8.
-5. Prepare at scale (2 workers, a fresh subprocess) of ``pairs`` pairs (the training pairs
-   repeated, words rotated in each repetition): pairs/s of the shard stage, peak RSS of the main
-   process and of its largest child (sentencepiece or an encoder), and the peak summed PSS of
-   the process tree (sampled every 50 ms) in the sentencepiece stage, which grows with the
-   corpus up to ``input_sentence_size`` sentences (2M: 1M pairs), and in the shard stage, which
-   should not grow at all.
+   shard kinds, from the first batch on; the start-up seconds beside it.
+3. Input order: the corpus prepared in input order against globally shuffled, read at the
+   demo's data settings and at the defaults: tokens/s and padding (an in-order window holds
+   sentences of one source, of similar lengths).
+4. Padding of the training split at ``max_tokens``: batching v1 (random order inside buckets
+   of max(S, T)) and v2 (sorted by padded shape) at the old defaults against v3 (v2 + batches
+   cut to a multiple of ``batch_multiple`` rows) at the defaults and nearby. Padding splits
+   into rounding (what each row pays alone at the pad multiple) and mismatch (rows padded up
+   to a longer row of their batch). Fill: real tokens per batch / (2 * max_tokens); aligned:
+   batches whose B * S and B * T are multiples of 8.
+5. Prepare at scale of ``pairs`` pairs (the training pairs repeated, words rotated): pairs/s of
+   the shard stage, peak RSS of the main process and its largest child, and the peak summed
+   PSS of the process tree in the sentencepiece stage (it grows with the corpus up to
+   ``input_sentence_size`` sentences) and in the shard stage (it should not grow).
 """
 
 from __future__ import annotations
@@ -91,9 +85,8 @@ def measure(
     pairs: Sequence[int] = (250_000, 1_000_000),
     spm_sentences: int = 2_000_000,
 ) -> list[Row]:
-    """Sections 1-5 on `corpus` (None: a synthetic one of 2,000 pairs written under `work`);
-    `seconds` per loader measurement, `spm_sentences` prepare's input_sentence_size at scale.
-    Smoke: vocabulary 200, 0.5 s loader runs, one prepare of 3,000 pairs."""
+    """Sections 1-5 on `corpus` (None: 2,000 synthetic pairs); `seconds` per loader run,
+    `spm_sentences` prepare's input_sentence_size at scale."""
     if smoke:
         vocab_size, seconds, pairs, spm_sentences = 200, 0.5, [3000], 5000
     src = Path(ROOT, corpus) if corpus else work / "corpus-smoke"
@@ -141,9 +134,8 @@ def measure(
 def loader_rate(
     data: Path, workers: int, max_tokens: int, seconds: float, **batching: Any
 ) -> tuple[float, float, float]:
-    """One TokenBatchStream over train (an epoch, or `seconds` after its first batch), with the
-    default batching unless `batching` overrides it: real tokens/s from the first batch on, the
-    seconds to that batch (worker start-up and the first window), and the padding fraction."""
+    """One TokenBatchStream over train (an epoch, or `seconds` after its first batch): real
+    tokens/s from the first batch on, the seconds to it, and the padding fraction."""
     cfg = DataConfig(
         dir=str(data), max_tokens=max_tokens, max_len=MAX_LEN, num_workers=workers, **batching
     )
@@ -265,8 +257,7 @@ print(json.dumps({"t0": t0, "wall": time.monotonic() - t0, "marks": marks, "mani
 
 
 def tree_pss(pid: int) -> int:
-    """The summed PSS (bytes) of a process and its descendants: pages shared after fork
-    (copy-on-write) count once."""
+    """The summed PSS (bytes) of a process and its descendants (shared pages count once)."""
     total = 0
     with contextlib.suppress(psutil.Error):
         root = psutil.Process(pid)
@@ -277,9 +268,8 @@ def tree_pss(pid: int) -> int:
 
 
 def run_prepare(corpus: Path, out: Path, **kw: Any) -> dict[str, float]:
-    """``prepare`` (2 workers unless `kw` says otherwise) in a fresh subprocess, its process
-    tree's PSS sampled every 50 ms: seconds, train pairs/s of the shard stage, shard bytes per
-    sample and peak memory in MB."""
+    """``prepare`` (2 workers) in a fresh subprocess, its tree's PSS sampled every 50 ms:
+    seconds, pairs/s of the shard stage, shard bytes per sample and peak memory in MB."""
     print(f"prepare {corpus} -> {out}", flush=True)
     shutil.rmtree(out, ignore_errors=True)
     args = json.dumps({"corpus": str(corpus), "out": str(out), "kw": {"workers": 2, **kw}})
@@ -314,8 +304,7 @@ def run_prepare(corpus: Path, out: Path, **kw: Any) -> dict[str, float]:
 
 
 def scaled_corpus(real: Path, out: Path, pairs: int) -> Path:
-    """`pairs` training pairs from `real`'s (repetition r rotates each line's words by r) and its
-    valid/test files, under `out`; written once."""
+    """`pairs` training pairs from `real`'s (repetition r rotates each line's words by r)."""
     done = out / "n"
     if done.is_file() and done.read_text() == str(pairs):
         return out

@@ -1,13 +1,10 @@
 """Decoding sentences/s (best of `repeats` timed calls) of greedy and beam 4 search.
 
-`cache`: a random model (d_model 256, 3+3 layers, vocabulary 8,000) translates 16 sources, half
-of them padded, each output forced to exactly `tgt_len` tokens so that the runs with and without
-the key/value cache do the same steps (without it the decoder recomputes the whole prefix at
-every step). `mixed`: cache on, 256 sources of 5 to 40 tokens, each output ending at its own
-limit floor(src_len + 5), so the searches drop finished sentences from the decoder batch; also
-the decoder rows fed (sum over steps). `engines`: a trained model through ours, Transformers and
-CTranslate2 (fp32, int8): sentences/s, test BLEU and the share of outputs identical to ours.
-Smoke size: d_model 32, one layer a side (engines: untrained, 12 synthetic sentences).
+`cache`: a random model translates 16 sources, half padded, outputs forced to `tgt_len` tokens,
+with and without the key/value cache (the same steps). `mixed`: 256 sources of 5 to 40 tokens,
+each output ending at its own limit, so that searches drop finished sentences; also the decoder
+rows fed. `engines`: a trained model through ours, Transformers and CTranslate2 (fp32, int8):
+sentences/s, test BLEU and the share of outputs identical to ours.
 """
 
 from __future__ import annotations
@@ -60,8 +57,7 @@ def decoder_rows(model: Transformer, fn: Callable[[], object]) -> int:
 def cache(
     smoke: bool = False, batch: int = 16, src_len: int = 30, tgt_len: int = 50, repeats: int = 3
 ) -> list[Row]:
-    """Each search with and without the cache, outputs forced to `tgt_len` tokens (smoke: on the
-    smoke-size model)."""
+    """Each search with and without the cache, outputs forced to `tgt_len` tokens."""
     model = random_model(smoke)
     src = torch.randint(4, model.cfg.vocab_size, (batch, src_len))  # (B, S)
     src[:, -1] = EOS_ID
@@ -88,8 +84,7 @@ def cache(
 def mixed(
     smoke: bool = False, batch: int = 256, min_src: int = 5, max_src: int = 40, repeats: int = 3
 ) -> list[Row]:
-    """Each search (cache on) of sources of `min_src` to `max_src` tokens incl. EOS, outputs
-    limited to floor(src_len + 5) (smoke: on the smoke-size model)."""
+    """Each search of sources of `min_src` to `max_src` tokens, outputs up to src_len + 5."""
     model = random_model(smoke)
     g = torch.Generator().manual_seed(1)
     lens = torch.randint(min_src, max_src + 1, (batch,), generator=g)  # (B,)
@@ -111,8 +106,8 @@ def mixed(
 
 
 def smoke_export(work: Path) -> Path:
-    """Under `work`, a run dir holding an untrained smoke-size model's export (sentencepiece
-    model of 64 pieces) and a data dir `data` of 12 synthetic test pairs, made in seconds."""
+    """Under `work`, a run dir holding an untrained smoke-size model's export and a data dir
+    `data` of 12 synthetic test pairs."""
     from data_pipeline.corpus import write_synthetic
     from data_pipeline.prepare import prepare
     from trainer.export import write_export
@@ -137,8 +132,7 @@ def engines(
     threads: int = 1,
 ) -> list[Row]:
     """The first `limit` (0: all) test sentences of `data` translated by `model` (a run or an
-    export) through each engine, exported under `work`, on `threads` torch threads (0: torch's
-    default) (smoke: smoke_export's model and data instead)."""
+    export) through each engine on `threads` threads (0: torch's default)."""
     import sacrebleu
 
     from data_pipeline.text import read_split_text

@@ -1,15 +1,9 @@
-"""fairseq's half of bench/peer_fairseq.py, run under the python of fairseq's venv (it imports
-torch and fairseq only, none of paperscale) as `fairseq_worker.py COMMAND SPEC.json ARGS...`.
+"""fairseq's half of bench/peer_fairseq.py, under the python of fairseq's venv (torch and
+fairseq only): `fairseq_worker.py COMMAND SPEC.json ARGS...` (SPEC: bench/peer_fairseq.py).
 
-SPEC.json: {"bin": fairseq-preprocess dir, "args": fairseq-train arguments of the recipe,
-"special": {paperscale id: fairseq index}, "seed": int, "names": paperscale's parameter names,
-"accum": micro-batches per step}.
-
-`export-init OUT.pt` writes fairseq's own initial weights (its RNG, its init) under paperscale's
-parameter names and id order. `lockstep DUMP.pt STEPS` trains fairseq's model from paperscale's
-initial weights (DUMP.pt's "init") on its micro-batches ("batches": {"src", "tgt_in", "tgt_out"}
-in paperscale ids) with fairseq's criterion, Adam and inverse_sqrt (grads * 1 / sample_size, as
-its Trainer does) and paperscale's sinusoidal table in place of its own, and prints one JSON
+`export-init OUT.pt`: fairseq's own initial weights under paperscale's names and id order.
+`lockstep DUMP.pt STEPS`: fairseq's model from DUMP's weights on its micro-batches (paperscale
+ids) with fairseq's criterion, Adam and schedule and paperscale's sinusoidal table; one JSON
 line per step: its loss and seconds.
 """
 
@@ -59,8 +53,7 @@ def permutation(spec: dict[str, Any], vocab: int) -> torch.Tensor:
 
 
 def to_fairseq(ours: dict[str, torch.Tensor], perm: torch.Tensor) -> dict[str, torch.Tensor]:
-    """paperscale's weights under fairseq's names, the shared embedding (also fairseq's output
-    projection) in fairseq's dictionary order."""
+    """paperscale's weights under fairseq's names, the shared embedding in its order."""
     embed = torch.empty_like(ours["embed.weight"])
     embed[perm] = ours["embed.weight"]  # (V, D) rows in fairseq's dictionary order
     out = {fairseq_name(k): v for k, v in ours.items() if k != "embed.weight"}
@@ -96,7 +89,7 @@ class Positions(nn.Module):
 
 
 def export_init(spec: dict[str, Any], out: str) -> None:
-    """fairseq's own initial weights, drawn from the seed, saved to `out` in paperscale's terms."""
+    """fairseq's own initial weights, saved to `out` in paperscale's terms."""
     _, model, _ = build(spec)
     perm = permutation(spec, model.encoder.embed_tokens.weight.shape[0])
     torch.save(to_ours(model.state_dict(), spec["names"], perm), out)

@@ -1,25 +1,17 @@
 """The big model on one GPU at the paper's batch: tokens/s, MFU and peak memory of the training
-step, bf16 with SDPA's fused attention, ZeRO 1 and 2, with and without torch.compile.
+step in bf16, ZeRO 1 and 2, with and without torch.compile.
 
 Each configuration runs in a process of its own (so that one engine's memory never counts in
-the next one's peak), with a time limit, none started after `budget_s` (default: the
-GPU_BENCH_BUDGET_S environment variable, else 400 s); a configuration that fails or is not
-reached leaves a "configurations finished" row below its goal, which fails a full-size run.
-At smoke size the same code path runs on the CPU at the tiny preset's smoke model.
+the next one's peak), none started after `budget_s` (GPU_BENCH_BUDGET_S, else 400 s); one that
+fails or is not reached leaves "configurations finished" below its goal. At smoke size the same
+code runs on the CPU at the smoke model.
 
-One configuration: the trainer's own pieces (trainer.ds.engine.build_engine, train_step,
-trainer.flops) on one rank, fed micro-batches of random tokens, `tokens` per side per step.
-`fixed` lengths (the best case): every sentence `seq_len` tokens, no padding, one batch shape.
-`wmt14` lengths: sentence lengths drawn like WMT14 En-De's in BPE tokens (log-normal, median
-24 tokens, a long tail clipped at data.max_len; the target's length is the source's times a
-log-normal ratio around 1.05), cut into batches by the loader's own batcher
-(data_pipeline.batching at the config's max_tokens, pad_multiple, batch_multiple and
-bucket_width, a shuffled window), so the steps carry padding and change shape as in training.
-Tokens/s counts real tokens only; the padding share is a row of its own. Attention runs
-through SDPA restricted to the fused kernels (flash; memory-efficient where a boolean mask is
-passed, as for the decoder's causal mask); on a CPU the math kernel is allowed too. Rows per
-configuration: tokens/s, seconds per step, MFU against the trainer's peak and against a
-measured matmul peak, peak memory, the last loss and the padding share.
+A configuration: the trainer's own pieces (build_engine, train_step, trainer.flops) on one
+rank, fed random tokens, `tokens` per side per step. `fixed` lengths: every sentence `seq_len`
+tokens, no padding. `wmt14` lengths: drawn like WMT14 En-De's in BPE tokens (log-normal, median
+24, clipped at data.max_len; target = source x a log-normal ratio around 1.05) and cut by the
+loader's own batcher, so that steps carry padding and change shape as in training. Tokens/s
+counts real tokens only. Attention is SDPA restricted to its fused kernels (and math on a CPU).
 """
 
 from __future__ import annotations
@@ -72,9 +64,8 @@ def padded_tokens(samples: list[Sample], group: list[int], pad_multiple: int = 1
 
 
 def wmt14_steps(job: Any, vocab: int, tokens: int, n_steps: int, seed: int = 1) -> list[list]:
-    """`n_steps` steps of `job.train.grad_accum` micro-batches each, of random ids at lengths
-    drawn like WMT14's, cut by the loader's batcher with at most `tokens // grad_accum` padded
-    tokens per side per micro-batch."""
+    """`n_steps` steps of `job.train.grad_accum` micro-batches of random ids at WMT14-like
+    lengths, cut by the loader's batcher at `tokens // grad_accum` padded tokens per side."""
     d, k = job.data, job.train.grad_accum
     micro_tokens = max(d.max_len, tokens // k)
     rng = np.random.default_rng(seed)
@@ -131,10 +122,8 @@ def fixed_step(job: Any, vocab: int, tokens: int, seq_len: int) -> list[Batch]:
 def time_steps(
     engine: Any, env: Any, cfg: ModelConfig, batches: list, warmup: int, steps: int, cuda: bool
 ) -> tuple[float, Any]:
-    """`warmup` steps, then `steps` timed ones (step i on `batches[i % len(batches)]`), with
-    attention restricted to SDPA's fused kernels (and the math one on a CPU); the peak memory
-    statistics restart after the warm-up. Seconds per timed step and the last step's loss
-    sums."""
+    """`warmup` steps, then `steps` timed ones (step i on `batches[i % len(batches)]`), the peak
+    memory counted from the warm-up's end: seconds per timed step and the last step's sums."""
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
     if not cuda:
         backends.append(SDPBackend.MATH)
@@ -158,8 +147,8 @@ def time_steps(
 
 
 class Size(NamedTuple):
-    """The bench's size: the preset and device, `tokens` per side per step, `warmup` untimed
-    and then `steps` timed steps; the fixed lengths' sentences are `seq_len` tokens long."""
+    """The preset and device, `tokens` per side per step, `warmup` untimed and `steps` timed
+    steps, the fixed lengths' `seq_len`."""
 
     config: str
     device: str
@@ -176,8 +165,7 @@ FULL, SMOKE = (
 
 
 def configuration(size: Size, lengths: str, overrides: Sequence[str]) -> list[Row]:
-    """One configuration's rows: the engine of the preset with `overrides`, trained on random
-    tokens of `lengths` ("fixed" or "wmt14")."""
+    """One configuration's rows: the preset's engine with `overrides`, on `lengths`."""
     job, env, cfg = open_job(size.config, overrides, size.device, settle=False)
     vocab, warmup, steps = cfg.vocab_size, size.warmup, size.steps
     seed_everything(1)
@@ -224,11 +212,11 @@ def configuration(size: Size, lengths: str, overrides: Sequence[str]) -> list[Ro
     return [row(f"{name}: {figure}", value, unit, **case) for figure, value, unit in figures]
 
 
-# (ZeRO stage, torch.compile, lengths), the most telling first; at smoke size one compiled
-# configuration (on a CPU a compile is most of the smoke's time)
+# (ZeRO stage, torch.compile, lengths), the most telling first; at smoke size none compiled
+# (on a CPU a compile is a minute; tests/integration/test_engine_options.py trains compiled)
 CONFIGS = ((1, False, "fixed"), (1, False, "wmt14"), (1, True, "fixed"), (2, False, "fixed"),
            (2, True, "fixed"))  # fmt: skip
-SMOKE_CONFIGS = tuple(c for c in CONFIGS if c != (1, True, "fixed"))
+SMOKE_CONFIGS = tuple(c for c in CONFIGS if not c[1])
 WORKER = "import json, sys; from bench.gpu import one; one(*json.loads(sys.argv[1]))"
 
 
@@ -238,8 +226,7 @@ def one(out: str, size: list, lengths: str, overrides: list[str]) -> None:
 
 
 def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> list[Row]:
-    """Every configuration in turn, each in its own process; at full size on CUDA (the big
-    preset, 25,000 tokens per side, 5 + 20 steps), at smoke size on the CPU."""
+    """Every configuration in turn, each in its own process."""
     if smoke:
         size, extra = SMOKE, [*SMOKE_MODEL, "data.vocab_size=64"]
         limits, configs = (240, 300), SMOKE_CONFIGS

@@ -1,13 +1,11 @@
-"""Peak memory of the output projection and label-smoothed loss, forward and backward: the
-plain loss over materialised (B, T, V) logits against the chunked one (model/loss.py), and the
-chunked one's peak beside what `paperscale plan` counts for it (launch/cost_model/activations.py).
+"""Peak memory of the output projection and label-smoothed loss, forward and backward: plain
+(materialised (B, T, V) logits) against chunked (model/loss.py), and the chunked peak against
+what `paperscale plan` counts for it (launch/cost_model/activations.py).
 
-At the preset's d_model and vocabulary (base: 512 and 37,000) and `tokens` = B*T of one
-micro-batch (4,096: base's `data.max_tokens` per rank), each case runs in a fresh process:
-decoder states (N, D) and the shared embedding (V, D) allocated, the resident set read, then one
-forward and backward (fp32, and bf16 where the CPU runs it natively). The figure is the peak
-resident set above that baseline (getrusage's maxrss, with RETURN_FREED_MEMORY): every buffer
-the loss and its gradients hold at once, logits and their fp32 copy included.
+At the preset's d_model and vocabulary and `tokens` = B*T of one micro-batch, each case runs
+in a fresh process: decoder states and embedding allocated, the resident set read, then one
+forward and backward (fp32, and bf16 where native); the figure is the peak resident set above
+that baseline.
 """
 
 from __future__ import annotations
@@ -77,8 +75,8 @@ def child_peak_mib(variant: str, tokens: int, d_model: int, vocab: int, dtype: s
 def measure(
     config: str = "configs/base.yaml", tokens: int = 4096, d_model: int = 0, vocab: int = 0
 ) -> list[Row]:
-    """Both losses in each dtype, and the plan's count for the chunked one (its per-token term,
-    the decoder states' gradient, and its work space); d_model and vocab 0 take the preset's."""
+    """Both losses in each dtype, and the plan's count for the chunked one; d_model and vocab 0
+    take the preset's."""
     from launch.config import load_config
     from launch.cost_model.activations import activation_bytes_per_token, loss_workspace_bytes
     from model.config import ModelConfig

@@ -1,30 +1,19 @@
 """paperscale against fairseq on the same data, model, recipe and machine, in one sitting.
-fairseq runs in a venv of its own (`make fairseq-venv`: fairseq-fixed 0.12.3.1 beside the same
-torch; it pins omegaconf < 2.1); without it only paperscale's halves run.
+fairseq runs in a venv of its own (`make fairseq-venv`); without it only our halves run.
 
-1. Side by side, per corpus: `paperscale prepare` with the preset's vocabulary; the same pairs,
-   pieces and order binarized for fairseq (its dictionary is our sentencepiece vocabulary, so
-   the ids are ours but for the four specials); `paperscale train` of the preset (2 ranks x its
-   accumulation; fp32, and again in `auto`'s precision: bf16 where the CPU has it natively) and
-   `fairseq-train` of the same model and recipe (one process with 2 threads, --update-freq =
-   ranks x accumulation, the same --max-tokens), the same steps each, one after the other.
-   Figures: training nll (nats per target token, the log window ending there) at the middle and
-   last step, validation nll at the last step, target tokens/s by each side's own meter (median
-   of the log windows after the warm-up ones) and over the job (every real target token trained
-   on / seconds from launch to exit, startup, validation and our export included), target
-   tokens per step; paperscale - fairseq (validation nll) and paperscale : fairseq (speeds).
-2. Lockstep: the same initial weights (ours, mapped to fairseq's names and dictionary order),
-   micro-batches (from our loader), dropout 0, our sinusoidal table and fairseq's learning-rate
-   sequence (its first update uses lr(0) = 0) in paperscale's recipe as a bare loop
-   (tests/integration/test_reference_recipe.py holds the trainer to it) and in fairseq's model,
-   criterion, Adam and inverse_sqrt (bench/fairseq_worker.py): the largest relative difference
-   of the per-step losses, and the loop's speed against fairseq's, one thread each.
-3. Initialisation: the same micro-batches with dropout, from paperscale's init, fairseq's own
-   (drawn by fairseq, mapped) and the per-(D, D) xavier init paperscale used before: training
-   nll over the last 10 steps of the bare loop.
-
-Parts 2 and 3 run on the first corpus unless left out (part 1 alone: ~33 min per corpus on 2
-cores). At smoke size: a synthetic corpus, the smoke model and a few steps of each part.
+1. Side by side, per corpus: the same pairs, pieces and order (fairseq's dictionary is our
+   sentencepiece vocabulary); `paperscale train` of the preset (2 ranks; fp32, and in `auto`'s
+   precision) and `fairseq-train` of the same model and recipe (one process, 2 threads,
+   --update-freq = ranks x accumulation), the same steps each, one after the other. Figures:
+   training nll at the middle and last step, validation nll at the last, target tokens/s by
+   each side's own meter (median of the windows after the warm-up) and over the job (launch to
+   exit), target tokens per step; and paperscale against fairseq.
+2. Lockstep: the same initial weights, micro-batches, dropout 0, sinusoidal table and learning
+   rates in our recipe as a bare loop (bench/recipe.py) and in fairseq's model, criterion, Adam
+   and schedule (bench/fairseq_worker.py): the largest relative difference of the per-step
+   losses, and the speed of the two loops, one thread each.
+3. Initialisation: the same micro-batches with dropout from our init, fairseq's (mapped) and
+   the xavier init we used before: training nll over the last 10 steps of the bare loop.
 """
 
 from __future__ import annotations
@@ -61,9 +50,8 @@ def measure(
     precision: Sequence[str] = ("fp32", "auto"),
     smoke: bool = False,
 ) -> list[Row]:
-    """Part 1 on each of `corpora` (raw corpus directories), parts 2 and 3 on the first when
-    `controlled`; fairseq's halves given `fairseq_python` (its venv's python). paperscale
-    trains in each of `precision`, fp32 first: fairseq's only precision on a CPU."""
+    """Part 1 on each of `corpora`, parts 2 and 3 on the first when `controlled`; fairseq's
+    halves given `fairseq_python`; paperscale in each of `precision`."""
     if fairseq_python and not Path(fairseq_python).is_file():
         raise SystemExit(f"fairseq_python {fairseq_python}: no such file (make fairseq-venv)")
     if not fairseq_python:
@@ -103,9 +91,8 @@ def figures(
     nll: dict[int, float], valid_nll: float, tokens: dict[int, float], rates: list[float],
     steps: int, job_s: float,
 ) -> dict[str, float]:  # fmt: skip
-    """One side's figures from its log windows ({last step: training nll}, {last step: target
-    tokens per step}), its validation nll at the last step, the target tokens/s of its windows
-    after the warm-up ones, and the seconds from launch to exit."""
+    """One side's figures from its log windows ({last step: nll}, {last step: target tokens per
+    step}), its last validation nll, its windows' tokens/s and its seconds from launch to exit."""
     # every real target token trained on: each window's tokens per step x its steps (the first
     # window starts at step 1)
     ends = sorted(tokens)
@@ -123,8 +110,7 @@ def figures(
 def train_paperscale(
     config: str, overrides: list[str], run: Path, precision: str, steps: int
 ) -> dict[str, float]:
-    """`paperscale train` of the preset in `precision` for `steps` steps into a new run dir
-    `run`; its figures (ppl -> nll; our meter after its first two windows)."""
+    """`paperscale train` of the preset in `precision` for `steps` steps: its figures."""
     mid = steps // 2
     over = [
         *overrides, f"train.max_steps={steps}", f"train.precision={precision}",
@@ -141,9 +127,8 @@ def train_paperscale(
 
 
 def train_fairseq(fairseq_python: str, job: Any, work: Path, steps: int) -> dict[str, float]:
-    """`fairseq-train` of the same model and recipe on the same pairs (exported and binarized
-    under `work`) for `steps` updates; its figures from its json log lines (nll in bits ->
-    nats; wps = target tokens/s after the first window; wpb = target tokens per update)."""
+    """`fairseq-train` of the same model and recipe on the same pairs for `steps` updates: its
+    figures from its json log lines (nll in bits -> nats; wps, wpb: target tokens)."""
     mid, log = steps // 2, work / "fairseq.log"
     binary = recipe.fairseq_data(fairseq_python, job, work)
     seconds = run_command(
@@ -174,8 +159,7 @@ def train_fairseq(fairseq_python: str, job: Any, work: Path, steps: int) -> dict
 
 
 def side_rows(sides: dict[str, dict[str, float]], name: str, steps: int) -> list[Row]:
-    """The rows of part 1 on corpus `name`: every side's figures, then each paperscale side's
-    validation nll and speeds against fairseq's (when fairseq ran)."""
+    """Part 1's rows: every side's figures, then each paperscale side against fairseq."""
     rows = [
         row(key, value, UNITS[key], corpus=name, side=side,
             step=steps // 2 if key == "train_nll_mid" else steps)
@@ -201,8 +185,7 @@ def lockstep_and_init(
     job: Any, name: str, work: Path, lockstep_steps: int, init_steps: int,
     fairseq_python: str | None,
 ) -> list[Row]:  # fmt: skip
-    """Parts 2 and 3 on corpus `name` (its data prepared and, for fairseq, binarized under
-    `work` by part 1)."""
+    """Parts 2 and 3 on corpus `name` (prepared and binarized under `work` by part 1)."""
     accum, seed = WORLD * job.train.grad_accum, job.train.seed
     batches = recipe.dump_batches(job, max(lockstep_steps, init_steps) * accum)
     cfg, exact = recipe.model_config(job), recipe.model_config(job, dropout=0.0)

@@ -1,12 +1,9 @@
 """Seconds from SIGTERM to exit 75 of a 2-rank training run, as Slurm's preemption delivers it.
 
-Per preset: `paperscale train --nproc 2` (fp32/bf16 as `precision: auto` picks; the tiny
-preset's `data.max_tokens` for every preset, so that a base step takes seconds on a CPU) in a
-process group of its own; once `after` steps are logged, SIGTERM to the whole group (the
-`paperscale` parent, torchrun, both ranks, the loader workers), as Slurm does on preemption or
-`scancel`. Figures: seconds from TERM to the new `latest` pointer (the step in flight finished
-or abandoned, then the save) and to the exit, with its status (75 expected), the step saved and
-the checkpoint's size; against `train.stop_grace_s` (30 s, Slurm's default KillWait).
+Per preset (at 1,536 tokens per micro-batch, so that a base step takes seconds on a CPU), once
+`after` steps are logged, SIGTERM to the run's whole process group, as Slurm signals a job:
+seconds to the new `latest` checkpoint and to the exit (75 expected), the step saved and the
+checkpoint's size; against `train.stop_grace_s` (30 s, Slurm's default KillWait).
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ def measure(
     overrides: Sequence[str] = (),
     smoke: bool = False,
 ) -> list[Row]:
-    """Each preset (name: config) TERMed after `after` logged steps, `overrides` on every run.
-    Smoke: the tiny preset on a synthetic corpus, d_model 32."""
+    """Each preset (name: config) TERMed after `after` logged steps."""
     path = Path(ROOT, data)
     if smoke:
         path, presets = prepare_synthetic(work, 2000), {"tiny": PRESETS["tiny"]}

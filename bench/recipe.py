@@ -1,8 +1,5 @@
-"""paperscale's recipe as a bare PyTorch loop (BareLoop: the reference the trainer is tested
-against, stepped beside fairseq by bench/peer_fairseq.py, train_overhead's bare side), and the
-same data and recipe in fairseq's terms (sentencepiece pieces and dict.txt binarized by
-fairseq-preprocess, fairseq-train's arguments, bench/fairseq_worker.py under fairseq's python).
-"""
+"""paperscale's recipe as a bare PyTorch loop (BareLoop), and the same data and recipe in
+fairseq's terms (binarized pieces, fairseq-train's arguments, bench/fairseq_worker.py)."""
 
 from __future__ import annotations
 
@@ -32,15 +29,10 @@ from trainer.schedule import build_scheduler, inverse_sqrt_lr, peak_lr
 FAIRSEQ_SPECIAL = {PAD_ID: 1, UNK_ID: 3, BOS_ID: 0, EOS_ID: 2}
 
 
-# --------------------------------------------------------------------------------------------
-# fairseq's side: data, recipe, worker
-
-
 def fairseq_data(fairseq_python: str, job: Any, work: Path) -> Path:
-    """The job's prepared train/valid pairs in fairseq's form under `work`, its binary directory
-    returned: as sentencepiece pieces, exactly the pairs and order our loader reads (training
-    pairs longer than max_len skipped as it skips them), binarized by fairseq-preprocess with
-    our vocabulary as the joined dict.txt."""
+    """The job's train/valid pairs as pieces, in the order our loader reads them (training
+    pairs over max_len skipped as it skips them), binarized by fairseq-preprocess with our
+    vocabulary as dict.txt under `work`: the binary directory."""
     data, text, out = Path(job.data.dir), work / "fairseq-text", work / "fairseq-bin"
     text.mkdir(parents=True, exist_ok=True)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer_path(data)))
@@ -93,8 +85,7 @@ def fairseq_recipe(job: Any, model_cfg: ModelConfig) -> list[str]:
 
 
 def worker(fairseq_python: str, work: Path, command: str, spec: dict[str, Any], *rest: str) -> str:
-    """bench/fairseq_worker.py's `command` under fairseq's python (one thread), given `spec`
-    (written to `work`) and `rest`; its output."""
+    """bench/fairseq_worker.py's `command` under fairseq's python (one thread): its output."""
     spec_path, log = work / "fairseq-spec.json", work / f"fairseq-{command}.log"
     spec_path.write_text(json.dumps(spec))
     cmd = [fairseq_python, str(ROOT / "bench" / "fairseq_worker.py"), command, str(spec_path)]
@@ -102,13 +93,8 @@ def worker(fairseq_python: str, work: Path, command: str, spec: dict[str, Any], 
     return log.read_text()
 
 
-# --------------------------------------------------------------------------------------------
-# paperscale's side: the job, initial weights and the bare loop
-
-
 def load_job(config: str, data: Path, smoke: bool) -> tuple[Any, list[str]]:
-    """The preset of `config` on the prepared `data` (the smoke model at smoke size), and the
-    overrides that made it."""
+    """The preset on `data` (the smoke model at smoke size), and its overrides."""
     overrides = [f"data.dir={data}", *(SMOKE_MODEL if smoke else [])]
     return load_config(ROOT / config, overrides), overrides
 
@@ -129,9 +115,8 @@ def dump_batches(job: Any, micro: int) -> list[Batch]:
 
 
 def initial_weights(cfg: ModelConfig, seed: int, xavier: bool = False) -> dict[str, torch.Tensor]:
-    """paperscale's own initial weights of `cfg`, drawn from `seed`; with `xavier` its init
-    until the fairseq comparison found Q/K/V sqrt(2) and the second feed-forward layer 2.2x too
-    large: xavier-uniform on every (out, in) projection, zero biases."""
+    """paperscale's initial weights of `cfg` from `seed`; with `xavier` its init before the
+    fairseq comparison: xavier-uniform on every (out, in) projection, zero biases."""
     seed_everything(seed)
     model = Transformer(cfg)
     for module in model.modules() if xavier else ():
@@ -143,13 +128,10 @@ def initial_weights(cfg: ModelConfig, seed: int, xavier: bool = False) -> dict[s
 
 class BareLoop:
     """paperscale's recipe without the trainer, in plain PyTorch: the model from `init` (else
-    drawn from `seed` as trainer.loop draws it), torch Adam with the job's betas and eps, the
-    inverse-sqrt schedule (or, with `fairseq_lr`, fairseq's sequence: update k uses lr(k - 1),
-    lr(0) = warmup_init_lr), and per step the gradient of the summed label-smoothed token
-    losses of its micro-batches over their target tokens; under bf16 autocast over fp32
-    weights with `bf16`. The reference the trainer is held to
-    (tests/integration/test_reference_recipe.py) and that bench/peer_fairseq.py steps beside
-    fairseq; train_overhead's bare side."""
+    from `seed`), torch Adam, the inverse-sqrt schedule (with `fairseq_lr` fairseq's: update k
+    uses lr(k - 1)), per step the summed label-smoothed losses of its micro-batches over their
+    target tokens; bf16 autocast with `bf16`. The reference the trainer is held to
+    (tests/integration/test_reference_recipe.py)."""
 
     def __init__(
         self, cfg: ModelConfig, optim: Any, seed: int, init: dict[str, torch.Tensor] | None = None,

@@ -1,12 +1,6 @@
-"""The bench registry: every bench declared once, in configs/bench/NAME.yaml.
-
-A bench's file gives what it measures (`about`), its function (`measure`: "module:function" in
-bench/), the keyword arguments of its full and smoke sizes (`full`, `smoke`), the CPU ranks it
-runs on under torchrun (`ranks`, default 1), its environment (`env`, default one thread), its
-time limits (`timeout_s`, `smoke_timeout_s`) and what its full size needs (`needs`: paths in
-the repository, or `cuda`). A file without `measure` is a study (bench/study.py): `paperscale
-train` runs side by side, its `timeout` per run. `python -m bench.suite --list` prints them.
-"""
+"""The bench registry: every bench declared once, in configs/bench/NAME.yaml (the keys are
+`Bench`'s fields; a file without `measure` is a study, bench/study.py). `python -m bench.suite
+--list` prints them."""
 
 from __future__ import annotations
 
@@ -35,25 +29,21 @@ MADE_BY = {
 
 @dataclasses.dataclass(frozen=True)
 class Bench:
-    """One registered bench: what it measures, how, and its two sizes.
-
-    It runs as `python -m bench NAME` (under torchrun on `ranks` CPU ranks when more than one),
-    which calls `measure` with the keyword arguments `full` or `smoke`; a bench may instead be a
-    program of its own (`run`), given `--smoke` and `--json {json}`. In a command `{python}` is
-    this interpreter, `{json}` the rows file the suite reads, `{work}` a scratch directory of
-    this bench's own. A smoke run is always possible; a full one needs `needs`.
-    """
+    """One registered bench. It runs as `python -m bench NAME` (under torchrun when `ranks` >
+    1), which calls `measure` ("module:function" in bench/) with the keyword arguments `full`
+    or `smoke`; or as a program of its own (`run`). In a command `{python}` is this
+    interpreter, `{json}` the rows file, `{work}` the bench's scratch directory."""
 
     name: str
-    about: str
+    about: str  # what it measures, the first line of its RESULTS.md section
     measure: str = "study:run_study"
     full: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    smoke: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    smoke: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # seconds, in CI
     ranks: int = 1
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: ONE_THREAD)
     timeout_s: float = 1800
     smoke_timeout_s: float = 300
-    needs: Sequence[str] = ()
+    needs: Sequence[str] = ()  # what the full size needs: paths, or `cuda`
     run: Sequence[str] = ()
 
     def command(self, smoke: bool) -> tuple[str, ...]:
@@ -103,8 +93,7 @@ REGISTRY: dict[str, Bench] = {
 
 
 def by_name(names: Sequence[str] | None) -> list[Bench]:
-    """The registered benches called `names` (all when None), in registry order; ValueError
-    naming any unknown one."""
+    """The benches called `names` (all when None); ValueError naming an unknown one."""
     unknown = [n for n in names or () if n not in REGISTRY]
     if unknown:
         raise ValueError(f"unknown bench(es) {', '.join(unknown)}; known: {', '.join(REGISTRY)}")
@@ -112,8 +101,7 @@ def by_name(names: Sequence[str] | None) -> list[Bench]:
 
 
 def print_registry(out: TextIO = sys.stdout) -> None:
-    """Each bench's name, what it measures, and its full and smoke commands with their
-    arguments ({python}: this interpreter, {json}: the rows file, {work}: its scratch)."""
+    """Each bench's name, what it measures, and its full and smoke commands and arguments."""
     for b in REGISTRY.values():
         env = "".join(f"{k}={v} " for k, v in b.env.items())
         out.write(f"{b.name}: {b.about}\n")

@@ -1,19 +1,13 @@
 """A study: `paperscale train` runs side by side, declared in `configs/bench/NAME.yaml` and read
-from each run's own metrics.jsonl. The training speed benches are studies; this is their one
-program.
-
-    OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python -m bench scaling [--smoke] [--work DIR]
+from each run's own metrics.jsonl. The training speed benches are studies.
 
 A study names a training config, its data, the overrides every run takes (`train`), its arms
-(each: overrides, environment, ranks) and how many rounds to run them in turn (so that the
-machine's load drifts equally on every arm). Every arm is a fresh run. Each figure reduces one
-run's records to a number (`reduce` below), averaged over the rounds; a comparison divides or
-subtracts two arms' values of a figure. `evaluate` adds `paperscale evaluate` of each run on
-the test split at the listed beams (`test_bleu_beam<N>`). A figure with a `goal` (">= 90")
-that misses it makes the bench exit 1 at full size, after its rows are written (bench/__main__.py).
-
-`smoke` replaces `rounds`, `data` and the arms kept (`arms`), and appends its `train` after
-the smoke-size model (bench/common.py SMOKE_MODEL): seconds on one core.
+(each: overrides, environment, ranks, a git `checkout`) and how many rounds to run them in
+turn (so that the machine's load drifts equally on every arm). Every arm is a fresh run. Each
+figure reduces one run's records to a number (`reduce`), averaged over the rounds; a
+comparison divides or subtracts two arms' values of a figure. `evaluate` adds `paperscale
+evaluate` of each run on the test split at the listed beams (`test_bleu_beam<N>`). `smoke`
+replaces `rounds`, `data` and the arms kept, and appends its `train` after the smoke-size model.
 """
 
 from __future__ import annotations
@@ -59,16 +53,15 @@ def _step_seconds(records: Records) -> list[float]:
 
 
 def _excess_pct(records: Records) -> float:
-    """The steps' time over as many median steps, in % (the first tenth left out: a run's first
-    steps are slower). A save lands in a few steps; the median step is one without."""
+    """The steps' time over as many median steps, in % (the first tenth left out); a save lands
+    in a few steps, the median step is one without."""
     steps = _step_seconds(records)
     steps = steps[max(len(steps) // 10, 1) :]
     return 100 * (sum(steps) / (len(steps) * statistics.median(steps)) - 1.0)
 
 
 def _of(values: list[float], how: Callable[[list[float]], float]) -> float:
-    """`how` of the values; NaN (null in the rows) when the run logged none (a smoke run
-    without validation has no valid loss)."""
+    """`how` of the values; NaN when the run logged none."""
     return how(values) if values else math.nan
 
 
@@ -93,7 +86,7 @@ COMPARISONS = {"ratio": operator.truediv, "difference": operator.sub}
 
 
 def load_study(path: Path, smoke: bool) -> Any:
-    """The study at `path`, at smoke size when asked; ValueError naming what is wrong."""
+    """The study at `path`, at smoke size when asked; BenchInputError naming what is wrong."""
     study = OmegaConf.load(path)
     for key in ("config", "data", "arms", "figures"):
         if key not in study:
@@ -127,8 +120,7 @@ def load_study(path: Path, smoke: bool) -> Any:
 
 
 def prepare_data(spec: Any, work: Path) -> Path:
-    """A prepared data dir: `dir` as given, or a synthetic corpus of `synthetic` training
-    pairs (with `corpus` and `prepare` arguments: bench/common.py prepare_synthetic)."""
+    """A prepared data dir: `dir`, or a synthetic corpus of `synthetic` training pairs."""
     if "dir" in spec:
         return (ROOT / spec.dir).resolve()
     extra = {"corpus_args": [str(a) for a in spec.get("corpus", [])]}
@@ -156,8 +148,8 @@ def worktree(rev: str, work: Path) -> Path:
 
 
 def profile_record(run_dir: Path) -> dict[str, Any]:
-    """The last profiled window's grouped step time (rank 0), as `profile <group> ms` and
-    `profile step ms`; {} when the run was not profiled."""
+    """The last profiled window's grouped step time (rank 0) as `profile <group> ms` and
+    `profile step ms` records; {} when the run was not profiled."""
     tables = sorted(run_dir.glob("profile/*/rank_00000.groups.json"))
     if not tables:
         return {}
@@ -167,9 +159,8 @@ def profile_record(run_dir: Path) -> dict[str, Any]:
 
 
 def run_arm(study: Any, name: str, data: Path, work: Path, k: int) -> tuple[Records, float]:
-    """One fresh run of arm `name` (round `k`), from the checkout of its `checkout` revision
-    if it has one, the study's overrides but those starting with one of its `without`; its
-    records (with the profile's and the test BLEUs) and seconds."""
+    """One fresh run of arm `name` (round `k`), with the study's overrides but those starting
+    with one of its `without`; its records (with the profile's and the test BLEUs) and seconds."""
     arm = study.arms[name] or {}
     run_dir = work / f"{name.replace(' ', '_').replace('/', '_')}-{k}"
     drop = tuple(arm.get("without", []))
@@ -190,8 +181,7 @@ def run_arm(study: Any, name: str, data: Path, work: Path, k: int) -> tuple[Reco
 
 
 def measure(study: Any, data: Path, work: Path) -> dict[str, dict[str, float]]:
-    """Every figure of every arm: arms in turn for `rounds` rounds, each figure's value the
-    mean over the rounds."""
+    """Every figure of every arm, the mean over the rounds."""
     values: dict[str, dict[str, list[float]]] = {a: {} for a in study.arms}
     for k in range(int(study.get("rounds", 1))):
         for name in study.arms:

@@ -1,20 +1,13 @@
-"""Every bench as one suite: the full run that writes bench/RESULTS.md, and the smoke run
-(seconds per bench) that the test suite runs, so a bench that breaks fails CI.
+"""Every bench as one suite: the full run that writes bench/RESULTS.md (`make bench`), and the
+smoke run that the test suite runs, so that a bench that breaks fails CI.
 
-    python -m bench.suite                       # full size; rewrites bench/RESULTS.md (make bench)
-    python -m bench.suite --smoke               # every bench at smoke size; writes no results
-    python -m bench.suite --only decode,sinks   # some benches; their tables replace the old ones
-    python -m bench.suite --list                # the registry: name, full and smoke command
+    python -m bench.suite [--smoke] [--only decode,sinks] [--list] [--import REPORT]
 
 Each bench runs as its own subprocess (`python -m bench NAME`, under torchrun for several
-ranks) in a process group of its own, from the repository root, with a time limit; its output
-goes to WORK/NAME.log (`--verbose` prints it after the bench), its rows to WORK/NAME.rows.json.
-In RESULTS.md each bench has a section: what it measures, the exact command, the machine (CPU
-model, cores, native bf16 or not, GPU; Python, torch and DeepSpeed) and the date (UTC) once,
-then a table of its rows. The file is rewritten after each bench, so a run stopped half-way
-keeps the tables it finished. A bench that fails (exit status, timeout, no rows) is a row saying
-so and makes the suite exit 1; one that cannot run on this machine (`gpu` without CUDA, `data`
-without its corpus) is a row saying why, and is no failure.
+ranks) in a process group of its own with a time limit; its output goes to WORK/NAME.log, its
+rows to WORK/NAME.rows.json. RESULTS.md is rewritten after each bench (a run stopped half-way
+keeps the tables it finished). A bench that fails (exit status, timeout, no rows) is a row
+saying so and makes the suite exit 1; one this machine cannot run is a row saying why.
 """
 
 from __future__ import annotations
@@ -40,9 +33,6 @@ from bench import registry
 from bench.common import Row, json_rows, run_logged
 from bench.registry import FULL_WORK, RESULTS, ROOT, Bench, by_name, print_registry
 
-# --------------------------------------------------------------------------------------------
-# the machine
-
 
 def machine_info() -> dict[str, Any]:
     """CPU model, cores, native bf16 (torch's view of the instruction set, as
@@ -64,18 +54,14 @@ def machine_info() -> dict[str, Any]:
 
 
 def describe_machine(m: Mapping[str, Any]) -> str:
-    """The machine in one line: 'AMD EPYC, 2 cores, native bf16: no, GPU: none'."""
+    """'AMD EPYC, 2 cores, native bf16: no, GPU: none'."""
     bf16 = {True: "yes", False: "no"}.get(m["native_bf16"], "not recorded")
     return f"{m['cpu']}, {m['cores']} cores, native bf16: {bf16}, GPU: {m['gpu']}"
 
 
-# --------------------------------------------------------------------------------------------
-# running one bench
-
-
 @dataclasses.dataclass
 class Outcome:
-    """What one bench run gave: its rows, and whether it ran, failed or could not run."""
+    """One bench run: its rows, and whether it ran, failed or could not run (`reason`)."""
 
     name: str
     status: str  # "ok", "failed" or "not run"
@@ -84,12 +70,12 @@ class Outcome:
     size: str = "full"  # or "smoke"
     seconds: float = 0.0
     rows: list[Row] = dataclasses.field(default_factory=list)
-    reason: str = ""  # why it failed or did not run
+    reason: str = ""
     log: str = ""
 
 
 def with_nan(rows: list[Row]) -> list[Row]:
-    """Rows as JSON held them, `null` (JSON's stand-in for NaN) back to NaN."""
+    """Rows as JSON held them, `null` back to NaN."""
     return [{**r, "value": math.nan if r["value"] is None else float(r["value"])} for r in rows]
 
 
@@ -101,23 +87,19 @@ def render_command(
     python = sys.executable
     shown_python = os.path.relpath(python, ROOT) if Path(python).is_relative_to(ROOT) else python
 
-    def fill(part: str, python: str = python) -> str:
-        values = {"python": python, "json": str(json_path), "work": str(work)}
-        for key, value in values.items():
-            part = part.replace("{" + key + "}", value)
+    def fill(part: str, python: str = python) -> str:  # (not str.format: code has braces)
+        for key, value in {"python": python, "json": json_path, "work": work}.items():
+            part = part.replace("{" + key + "}", str(value))
         return part
 
-    command = bench.command(smoke)
-    shown_env = [f"{k}={shlex.quote(fill(v, shown_python))}" for k, v in bench.env.items()]
+    env, command = bench.env, bench.command(smoke)
+    shown_env = [f"{k}={shlex.quote(fill(v, shown_python))}" for k, v in env.items()]
     shown = " ".join([*shown_env, shlex.join(fill(p, shown_python) for p in command)])
-    return [fill(p) for p in command], {k: fill(v) for k, v in bench.env.items()}, shown
+    return [fill(p) for p in command], {k: fill(v) for k, v in env.items()}, shown
 
 
 def tail(path: Path, lines: int = 40) -> list[str]:
-    try:
-        return path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return []
+    return path.read_text(errors="replace").splitlines()[-lines:] if path.is_file() else []
 
 
 def _error_line(path: Path) -> str:
@@ -134,9 +116,8 @@ def run_bench(
     timeout_s: float | None = None,
     base_env: Mapping[str, str] | None = None,
 ) -> Outcome:
-    """Run one bench as a subprocess from the repository root in a process group of its own
-    (so that a timeout stops all of it), and collect its rows: it fails when it exits non-zero,
-    outlives its time limit, or writes no rows; the rows it did write are kept either way."""
+    """Run one bench from the repository root and collect its rows: it fails when it exits
+    non-zero, outlives its time limit, or writes no rows; the rows it wrote are kept anyway."""
     work_root.mkdir(parents=True, exist_ok=True)
     json_path, log = work_root / f"{bench.name}.rows.json", work_root / f"{bench.name}.log"
     argv, env, shown = render_command(bench, smoke, json_path, work_root / bench.name)
@@ -166,19 +147,13 @@ def run_bench(
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# bench/RESULTS.md
-
 HEADER = """# Benchmark results
 
 Written by `make bench` (`python -m bench.suite`, full size); not edited by hand. One table per
 bench, headed by the exact command that measured it (from the repository root), the machine
-(CPU model, cores, native bf16 or not, GPU; Python, torch and DeepSpeed) and the date (UTC);
-each row is one figure with its value, unit and details. A bench that failed or could not run
-on the machine is a row saying why. `python -m bench.suite --only NAME` reruns one bench and
-replaces its table, keeping the others. A table older than `python -m bench NAME` names the
-program that measured it then (`bench/NAME.py`, `-m bench.NAME`); `python -m bench NAME` is
-that bench now.
+and the date (UTC). A bench that failed or could not run is a row saying why. `python -m
+bench.suite --only NAME` reruns one bench and replaces its table. A table older than `python
+-m bench NAME` names the program that measured it then; `python -m bench NAME` is it now.
 """
 
 
@@ -190,7 +165,7 @@ def format_value(value: float) -> str:
 
 
 def details(r: Row) -> str:
-    """A row's context, a float to 4 significant digits (2.916872199000011 -> 2.917)."""
+    """A row's context, floats to 4 significant digits."""
     return ", ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
         for k, v in r.items()
@@ -199,7 +174,7 @@ def details(r: Row) -> str:
 
 
 def render_section(o: Outcome, machine: Mapping[str, Any]) -> str:
-    """One bench's section: heading, what it measures, command, machine and date, its table."""
+    """One bench's section: what it measures, command, machine and date, its table."""
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
@@ -231,8 +206,8 @@ def split_sections(text: str) -> dict[str, str]:
 def render_results(
     outcomes: Sequence[Outcome], machine: Mapping[str, Any], previous: str = ""
 ) -> str:
-    """RESULTS.md: the sections of `outcomes`, and from `previous` (the file as it was) those
-    of registered benches that did not run this time; in registry order."""
+    """RESULTS.md: the sections of `outcomes` and, from `previous`, those of the registered
+    benches that did not run this time; in registry order."""
     known, new = registry.REGISTRY, {o.name: render_section(o, machine) for o in outcomes}
     sections = {**{n: s for n, s in split_sections(previous).items() if n in known}, **new}
     order = [*known, *(n for n in new if n not in known)]
@@ -245,10 +220,6 @@ def write_results(path: Path, outcomes: Sequence[Outcome], machine: Mapping[str,
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(render_results(outcomes, machine, previous))
     tmp.replace(path)
-
-
-# --------------------------------------------------------------------------------------------
-# the command
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -324,14 +295,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _exit_on_term(signum: int, frame: object) -> None:
-    """TERM (a job's time limit, `kill`) unwinds like Ctrl-C, so the running bench is stopped."""
-    raise SystemExit(128 + signum)
-
-
 def command_line(argv: Sequence[str] | None = None) -> int:
-    """`python -m bench.suite`: main, with TERM stopping the running bench as Ctrl-C does."""
-    signal.signal(signal.SIGTERM, _exit_on_term)
+    """`python -m bench.suite`: main, with TERM (a job's time limit, `kill`) unwinding like
+    Ctrl-C, so that the running bench is stopped."""
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
     return main(argv)
 
 

@@ -1,21 +1,11 @@
 """Tokens/s of the paperscale training step against a bare PyTorch loop, side by side.
 
-One process (a world of one). The paperscale side is the trainer itself: trainer.loop.Trainer
-built from the settled job as `paperscale train` builds it (the DeepSpeed engine, ZeRO and
-accumulation as configured, batches streamed by data_pipeline's TokenBatchStream from real
-shards), and the loop's own body for each step (step, log, evaluate and save when due: here
-only the metrics.jsonl line every `train.log_every` steps, with its all-reduce). The bare side
-is the same recipe in plain PyTorch (bench/recipe.py BareLoop: the same Transformer and
-chunked label-smoothed loss sums, the same loss normalisation, torch Adam and the schedule),
-replaying exactly the micro-batches the trainer consumed in the window before (so the token
-counts are equal and the bare side pays no data loading). Windows alternate, so the machine's
-load drifts equally on both; the figure is the ratio of summed tokens/s.
-
-Both sides compute in the same precision, so the ratio measures the trainer's overhead and not
-a precision difference: the bare loop runs fp32 weights under bf16 autocast when the trainer
-settled on bf16 (`auto`: where the CPU computes it natively; PAPERSCALE_CPU_BF16=0|1 forces
-it) and plain fp32 otherwise. Without `data`, a synthetic corpus of `pairs` training pairs is
-prepared under the work directory first.
+One process. The paperscale side is trainer.loop.Trainer as `paperscale train` builds it
+(engine, loader on real shards) and the loop's body per step (step, log, evaluate and save when
+due). The bare side is the same recipe in plain PyTorch (bench/recipe.py BareLoop), replaying
+the micro-batches the trainer consumed in the window before (equal tokens, no data loading), in
+the precision the trainer settled on (bf16 autocast or fp32). Windows alternate, so that the
+machine's load drifts equally on both; the figure is the ratio of summed tokens/s.
 """
 
 from __future__ import annotations
@@ -51,8 +41,7 @@ class Taken:
 
 
 def open_trainer(job: Any, run_dir: Path) -> Trainer:
-    """The trainer of a new run of `job` in `run_dir`, set up as `paperscale train` sets it up
-    (settled precision, restored nothing, sinks open), its batches kept."""
+    """The trainer of a new run of `job`, set up as `paperscale train` sets it up."""
     env = init_distributed("cpu")
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
@@ -84,7 +73,7 @@ def time_windows(
     windows: int, steps: int, trainer: Trainer, bare: BareLoop
 ) -> list[tuple[int, float, float]]:
     """`windows` windows of `steps` steps, the trainer's and then the bare loop's on the same
-    micro-batches; (tokens, paperscale seconds, bare seconds) of each."""
+    micro-batches: (tokens, paperscale seconds, bare seconds) of each."""
     out = []
     for _ in range(windows):
         start = time.perf_counter()

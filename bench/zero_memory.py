@@ -1,22 +1,14 @@
 """Measured per-rank memory of the model states under ZeRO 0-3 against `paperscale plan`.
 
-For each world size one `torchrun` starts that many CPU ranks (gloo); each rank builds the real
-DeepSpeed engine (trainer.ds.engine.build_engine) for stages 0, 1, 2 and 3 in turn, runs two
-optimizer steps of two micro-batches on random tokens, and after every backward and every
-step sums the storage bytes of the tensors that are alive and were not before the engine was
-built: what the garbage collector tracks plus everything reachable from the engine's optimizer
-and the module's parameters (`.grad`, ZeRO 3's `ds_tensor`), each storage counted once. The
-largest of those sums is the measured resident memory of parameters, gradients, optimizer
-states and DeepSpeed's persistent buffers. The prediction is launch.cost_model.plan's
-`resident` bytes plus the module buffers. Transient allocations inside backward/step (the
-ZeRO 1/2 reduce bucket, fp32 gradient copies) are outside both figures. Engines and prediction
-use the precision a training run would pick on this machine (`train.precision: auto` settled
-as the trainer settles it).
-
-`bucket_elements` replaces trainer.ds.config.BUCKET_ELEMENTS in the engines and the prediction
-alike: at the default 5e8, ZeRO 3's resident 1 GB reduce bucket would dwarf a small model's
-states. Rows: measured / predicted per world size and stage (both byte counts as context), then
-the worst deviation.
+One `torchrun` per world size; each CPU rank builds the real engine for stages 0-3 in turn and
+runs two optimizer steps on random tokens, and after every backward and step sums the bytes of
+the tensor storages that are alive and were not before the engine (what the garbage collector
+tracks, and what the optimizer and parameters reach: `.grad`, ZeRO 3's `ds_tensor`). The
+largest sum is the measured resident memory of parameters, gradients, optimizer states and
+persistent buffers; the prediction is launch.cost_model.plan's `resident` bytes plus the
+module buffers. Transients inside backward/step are outside both. `bucket_elements` replaces
+trainer.ds.config.BUCKET_ELEMENTS in both (at 5e8, ZeRO 3's resident bucket would dwarf a
+small model).
 """
 
 from __future__ import annotations
@@ -53,8 +45,7 @@ WORKER = "import json, sys; from bench.zero_memory import worker; worker(**json.
 
 
 def _storages_of(obj: Any, out: dict[int, int], visited: set[int], depth: int = 0) -> None:
-    """Add every tensor storage reachable from `obj` (containers, DeepSpeed/torch.optim
-    objects' attributes, a tensor's .grad and .ds_tensor) to `out` {data_ptr: nbytes}."""
+    """Add every tensor storage reachable from `obj` to `out` {data_ptr: nbytes}."""
     if id(obj) in visited or depth > 6:
         return
     visited.add(id(obj))
@@ -80,11 +71,8 @@ def _storages_of(obj: Any, out: dict[int, int], visited: set[int], depth: int = 
 
 
 def live_storages(*roots: Any) -> dict[int, int]:
-    """{data_ptr: nbytes} of the tensors the garbage collector tracks and those under roots.
-
-    Objects frozen by gc.freeze() are neither collected nor listed: measure_stage freezes what
-    existed before the engine (its storages are excluded anyway), so that each of its scans
-    walks the objects made since instead of everything torch and DeepSpeed hold."""
+    """{data_ptr: nbytes} of the tensors the garbage collector tracks and those under roots
+    (objects frozen by gc.freeze(), all older than the engine, are not listed)."""
     gc.collect()
     out: dict[int, int] = {}
     for obj in gc.get_objects():
@@ -107,8 +95,7 @@ def new_bytes(engine: Any, exclude: set[int]) -> int:
 
 
 def measure_stage(job: Any, model_cfg: ModelConfig, env: Any, stage: int) -> tuple[float, str]:
-    """Build the engine for `stage` and train two steps: the largest new resident bytes after
-    a backward or a step, and the engine's optimizer class."""
+    """The largest new resident bytes of `stage`'s engine in two steps, its optimizer class."""
     job.train.zero_stage = stage
     torch.manual_seed(1)
     vocab = model_cfg.vocab_size or 8
@@ -145,8 +132,7 @@ def predicted_bytes(model_cfg: ModelConfig, stage: int, world: int, precision: s
 
 
 def worker(out: str, config: str, bucket_elements: int, overrides: list[str]) -> None:
-    """One rank under torchrun: every stage in turn; rank 0 appends its rows to `out` as JSON
-    lines."""
+    """One rank under torchrun: every stage; rank 0 appends its rows to `out`."""
     if bucket_elements:
         ds_config.BUCKET_ELEMENTS = bucket_elements
     job, env, model_cfg = open_job(config, ["logging.wandb=disabled", *overrides])
@@ -173,9 +159,8 @@ def measure(
     overrides: Sequence[str] = (),
     smoke: bool = False,
 ) -> list[Row]:
-    """Every stage on each world size, one torchrun (`timeout` seconds at most) per world;
-    `bucket_elements` 0 keeps trainer.ds.config's. Smoke: the tiny preset at d_model 64, 2+2
-    layers, vocabulary 2000 and 1e5-element buckets."""
+    """Every stage on each world size, one torchrun per world; `bucket_elements` 0 keeps
+    trainer.ds.config's."""
     if smoke:
         config, bucket_elements, overrides = "configs/tiny.yaml", 100_000, [*SMOKE, *overrides]
     out = work / "rows.jsonl"

@@ -20,9 +20,13 @@ def cmd_corpus(args: argparse.Namespace) -> int:
 
     out = Path(args.dir)
     if args.corpus_command == "synthetic":
-        stats = write_synthetic(
-            out, n_train=args.train, n_valid=args.valid, n_test=args.test, seed=args.seed
-        )
+        try:
+            stats = write_synthetic(
+                out, n_train=args.train, n_valid=args.valid, n_test=args.test, seed=args.seed,
+                min_len=args.min_len, max_len=args.max_len,
+            )  # fmt: skip
+        except ValueError as exc:
+            return die(f"corpus synthetic: {exc}")
     elif args.name == "debian-ende":
         try:
             stats = fetch_debian_ende(

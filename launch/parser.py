@@ -51,6 +51,8 @@ def add_corpus(sub: Subparsers) -> None:
     synth.add_argument("--valid", type=int, default=500)
     synth.add_argument("--test", type=int, default=500)
     synth.add_argument("--seed", type=int, default=1)
+    synth.add_argument("--min-len", type=int, default=5, help="fewest words in a sentence")
+    synth.add_argument("--max-len", type=int, default=20, help="most words in a sentence")
     synth.set_defaults(func=cmd_corpus)
 
 

@@ -41,20 +41,15 @@ MACHINE = {
 
 
 def _gpu_configurations(outcome: suite.Outcome) -> None:
-    """bench gpu --smoke: ZeRO 1 and 2 on unpadded batches, ZeRO 2 with torch.compile, and
-    ZeRO 1 on WMT14-like lengths through the batcher, train on CPU through the trainer's engine
-    and step; the rows have one set per configuration with positive tokens/s and step time, a
+    """bench gpu --smoke: ZeRO 1 and 2 on unpadded batches and ZeRO 1 on WMT14-like lengths
+    through the batcher train on CPU through the trainer's engine and step, each in its own
+    process; the rows have one set per configuration with positive tokens/s and step time, a
     loss in (0, 10) and padding only in the WMT14-like one."""
     *rows, finished = outcome.rows
-    assert (finished["figure"], finished["value"]) == ("configurations finished", 4)
+    assert (finished["figure"], finished["value"]) == ("configurations finished", 3)
     figures = {(r["zero"], r["compile"], r["lengths"], r["unit"]): r["value"] for r in rows}
     cases = sorted({key[:3] for key in figures})
-    assert cases == [
-        (1, False, "fixed"),
-        (1, False, "wmt14"),
-        (2, False, "fixed"),
-        (2, True, "fixed"),
-    ]
+    assert cases == [(1, False, "fixed"), (1, False, "wmt14"), (2, False, "fixed")]
     for case in cases:
         assert figures[(*case, "tokens/s")] > 0
         assert figures[(*case, "s")] > 0
@@ -152,12 +147,14 @@ def _save_overhead_side_by_side(outcome: suite.Outcome) -> None:
     assert all(by_figure[f"{v} saves: steps/s / no saves"] > 0 for v in ("sync", "async"))
 
 
-def _synthetic_task_evaluated(outcome: suite.Outcome) -> None:
-    """The run's model was evaluated on the test split at beam 4 and greedy (BLEU 0-100)."""
+def _synthetic_task_learnt(outcome: suite.Outcome) -> None:
+    """The real trainer learns: 2 CPU ranks (torchrun, ZeRO 2, precision auto) trained through
+    the CLI on mapped reversal of 3-10 pseudo-words reach test BLEU >= 60 at beam 4 on held-out
+    sentences (chance is ~0; the run reaches ~90), and the greedy search scores too."""
     by_figure = {r["figure"]: r["value"] for r in outcome.rows}
-    for beam in ("beam 4", "greedy"):
-        assert 0 <= by_figure[f"test BLEU {beam}"] <= 100
-    assert by_figure["steps"] == 10
+    assert by_figure["steps"] == 400
+    assert by_figure["test BLEU beam 4"] >= 60, by_figure
+    assert 0 < by_figure["test BLEU greedy"] <= 100
 
 
 def _scaling_both_worlds(outcome: suite.Outcome) -> None:
@@ -189,7 +186,7 @@ CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
     "gpu": _gpu_configurations,
     "zero_memory": _zero_memory_within_plan,
     "decode": _decode_cache_same_work,
-    "synthetic_task": _synthetic_task_evaluated,
+    "synthetic_task": _synthetic_task_learnt,
     "scaling": _scaling_both_worlds,
     "cpu_step": _cpu_step_profiled,
     "train_overhead": _overhead_same_precision,

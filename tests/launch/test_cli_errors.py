@@ -136,3 +136,19 @@ def test_calibrate_rejects_bad_input_before_any_engine(
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and named in proc.stderr
     assert not out.exists()
+
+
+def test_corpus_synthetic_takes_sentence_lengths_and_refuses_bad_ones(tmp_path: Path) -> None:
+    """`corpus synthetic --min-len/--max-len`: words per sentence; an empty range is one line,
+    exit 2, and nothing written."""
+    proc = run_cli("corpus", "synthetic", "bad", "--min-len", "5", "--max-len", "3", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "paperscale: error: corpus synthetic: need vocab >= 2, 1 <= min_len <= max_len and "
+        "non-negative sizes"
+    ]
+    assert not (tmp_path / "bad").exists()
+    args = ["--train", "200", "--valid", "5", "--test", "5", "--min-len", "2", "--max-len", "4"]
+    assert run_cli("corpus", "synthetic", "ok", *args, cwd=tmp_path).returncode == 0
+    lines = (tmp_path / "ok" / "train.en").read_text().splitlines()
+    assert len(lines) == 200 and {len(x.split()) for x in lines} == {2, 3, 4}
