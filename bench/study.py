@@ -69,6 +69,20 @@ def _all(records: Records, metric: str) -> list[float]:
     return [r[metric] for r in records if metric in r]
 
 
+def _to_target(records: Records) -> tuple[float, float]:
+    """(step, training seconds) of the run's first evaluation at or below the round's target
+    nll; a logged step's training seconds are its tokens over its tokens/s (every step logged,
+    evaluations left out); NaNs when it never got there."""
+    target = next(r["target_nll"] for r in records if "target_nll" in r)
+    seconds = 0.0
+    for r in records:
+        if "tgt_tokens_per_s" in r:
+            seconds += r["tgt_tokens_per_step"] / r["tgt_tokens_per_s"]
+        if "valid_ppl" in r and math.log(r["valid_ppl"]) <= target:
+            return r["step"], seconds
+    return math.nan, math.nan
+
+
 # reduce: one run's records (and the train command's wall seconds) -> a number
 REDUCERS: dict[str, Callable[[Records, str, float], float]] = {
     "mean": lambda rs, m, s: _of(_logged(rs, m), statistics.mean),
@@ -81,6 +95,8 @@ REDUCERS: dict[str, Callable[[Records, str, float], float]] = {
     "excess_pct": lambda rs, m, s: _excess_pct(rs),
     "command_seconds": lambda rs, m, s: s,
     "outside_steps": lambda rs, m, s: s - sum(_step_seconds(rs)),
+    "steps_to_target": lambda rs, m, s: _to_target(rs)[0],
+    "seconds_to_target": lambda rs, m, s: _to_target(rs)[1],
 }
 COMPARISONS = {"ratio": operator.truediv, "difference": operator.sub}
 
@@ -95,6 +111,12 @@ def load_study(path: Path, smoke: bool) -> Any:
         if fig.get("reduce", "mean") not in REDUCERS:
             known = sorted(REDUCERS)
             raise BenchInputError(f"{path}: unknown reduce {fig.reduce!r}; known: {known}")
+    if study.get("target", None) not in (None, *study.arms):
+        raise BenchInputError(f"{path}: target {study.target!r} is none of its arms")
+    if any(f.get("reduce", "").endswith("_to_target") for f in study.figures) != (
+        "target" in study
+    ):
+        raise BenchInputError(f"{path}: figures `..._to_target` and `target` go together")
     names = {fig.name for fig in study.figures}
     for cmp in study.get("compare", []):
         arms_ok = len(cmp.arms) == 2 and all(a in study.arms for a in cmp.arms)
@@ -181,11 +203,16 @@ def run_arm(study: Any, name: str, data: Path, work: Path, k: int) -> tuple[Reco
 
 
 def measure(study: Any, data: Path, work: Path) -> dict[str, dict[str, float]]:
-    """Every figure of every arm, the mean over the rounds."""
+    """Every figure of every arm, the mean over the rounds. With a `target` arm, each round's
+    runs know the valid nll it ended at (`target_nll`)."""
     values: dict[str, dict[str, list[float]]] = {a: {} for a in study.arms}
     for k in range(int(study.get("rounds", 1))):
-        for name in study.arms:
-            records, seconds = run_arm(study, name, data, work, k)
+        runs = {name: run_arm(study, name, data, work, k) for name in study.arms}
+        if "target" in study:
+            nll = REDUCERS["last_log"](runs[study.target][0], "valid_ppl", 0.0)
+            for records, _ in runs.values():
+                records.append({"step": -1, "target_nll": nll})
+        for name, (records, seconds) in runs.items():
             for fig in study.figures:
                 reduce = REDUCERS[fig.get("reduce", "mean")]
                 value = reduce(records, fig.get("metric", ""), seconds)

@@ -175,7 +175,18 @@ def _cpu_step_profiled(outcome: suite.Outcome) -> None:
     assert by_figure["defaults : fp32"] > 0
 
 
+def _batch_scaling_to_the_target(outcome: suite.Outcome) -> None:
+    """2B trains on twice B's target tokens per step (each micro-batch cut at the same budget),
+    and B reaches its own final valid nll by its last evaluation (step 8 at smoke size)."""
+    by_figure = {r["figure"]: r["value"] for r in outcome.rows}
+    ratio = by_figure["2B: target tokens per step"] / by_figure["B: target tokens per step"]
+    assert 1.6 < ratio < 2.4, ratio
+    assert 0 < by_figure["B: steps to B's final valid nll"] <= 8
+    assert by_figure["B: training seconds to B's final valid nll"] > 0
+
+
 CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
+    "batch_scaling": _batch_scaling_to_the_target,
     "save_overhead": _save_overhead_side_by_side,
     "loss_memory": _chunked_loss_holds_less,
     "checkpoint": _checkpoint_as_planned,

@@ -121,3 +121,40 @@ def test_a_profiled_run_gives_its_groups_and_an_unprofiled_one_nothing(tmp_path:
     record = study.profile_record(tmp_path)
     assert record["profile step ms"] == 700.0 and record["profile matmul ms"] == 240.0
     assert study.REDUCERS["last"]([record], "profile loss ms", 0.0) == 70.0
+
+
+def test_steps_and_seconds_to_the_target_arms_final_nll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A study with a `target` arm: every run of the round is told the valid nll that arm ended
+    at; the steps and the training seconds (tokens over tokens/s of each logged step) to the
+    first evaluation at or below it; NaN for a run that never got there."""
+
+    def run(nlls: list[float], tokens_per_s: float) -> list[dict]:
+        out = []
+        for step, nll in enumerate(nlls, 1):
+            out.append(
+                {"step": step, "tgt_tokens_per_step": 100.0, "tgt_tokens_per_s": tokens_per_s}
+            )
+            out.append({"step": step, "valid_ppl": math.exp(nll)})
+        return out
+
+    runs = {"B": (run([5.0, 4.0, 3.0], 100.0), 9.0), "2B": (run([4.5, 2.9, 2.8], 50.0), 9.0),
+            "slow": (run([6.0, 5.0, 4.0], 10.0), 9.0)}  # fmt: skip
+    monkeypatch.setattr(study, "run_arm", lambda s, name, d, w, k: runs[name])
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "config: configs/tiny.yaml\ndata: {synthetic: 10}\narms: {B: {}, 2B: {}, slow: {}}\n"
+        "target: B\nfigures: [{name: steps, reduce: steps_to_target, unit: steps},\n"
+        "  {name: seconds, reduce: seconds_to_target, unit: s}]\n"
+    )
+    values = study.measure(study.load_study(path, smoke=False), tmp_path, tmp_path)
+    assert values["B"] == {"steps": 3, "seconds": pytest.approx(3.0)}
+    assert values["2B"] == {"steps": 2, "seconds": pytest.approx(4.0)}
+    assert math.isnan(values["slow"]["steps"]) and math.isnan(values["slow"]["seconds"])
+    path.write_text(path.read_text().replace("target: B", "target: C"))
+    with pytest.raises(ValueError, match="target 'C' is none of its arms"):
+        study.load_study(path, smoke=False)
+    path.write_text(path.read_text().replace("target: C\n", ""))
+    with pytest.raises(ValueError, match="`target` go together"):
+        study.load_study(path, smoke=False)
