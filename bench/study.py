@@ -134,6 +134,7 @@ def load_study(path: Path, smoke: bool) -> Any:
         train += [*SMOKE_MODEL, *small.get("train", [])]
         study.rounds = small.get("rounds", 1)
         study.data = small.get("data", {"synthetic": 2000})
+        study.context = {**study.get("context", {}), **small.get("context", {})}
         keep = small.get("arms", list(study.arms))
         study.arms = {name: arm for name, arm in study.arms.items() if name in keep}
         study.compare = [c for c in study.get("compare", []) if set(c.arms) <= set(keep)]
