@@ -7,7 +7,8 @@ turn (so that the machine's load drifts equally on every arm). Every arm is a fr
 figure reduces one run's records to a number (`reduce`), averaged over the rounds; a
 comparison divides or subtracts two arms' values of a figure. `evaluate` adds `paperscale
 evaluate` of each run on the test split at the listed beams (`test_bleu_beam<N>`). `smoke`
-replaces `rounds`, `data` and the arms kept, and appends its `train` after the smoke-size model.
+replaces `rounds`, `data`, `context`, `evaluate` and the arms kept, and appends its `train` after
+the smoke-size model.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def load_study(path: Path, smoke: bool) -> Any:
         study.rounds = small.get("rounds", 1)
         study.data = small.get("data", {"synthetic": 2000})
         study.context = {**study.get("context", {}), **small.get("context", {})}
+        study.evaluate = small.get("evaluate", study.get("evaluate", []))
         keep = small.get("arms", list(study.arms))
         study.arms = {name: arm for name, arm in study.arms.items() if name in keep}
         study.compare = [c for c in study.get("compare", []) if set(c.arms) <= set(keep)]
