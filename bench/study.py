@@ -5,10 +5,11 @@ A study names a training config, its data, the overrides every run takes (`train
 (each: overrides, environment, ranks, a git `checkout`) and how many rounds to run them in
 turn (so that the machine's load drifts equally on every arm). Every arm is a fresh run. Each
 figure reduces one run's records to a number (`reduce`), averaged over the rounds; a
-comparison divides or subtracts two arms' values of a figure. `evaluate` adds `paperscale
-evaluate` of each run on the test split at the listed beams (`test_bleu_beam<N>`). `smoke`
-replaces `rounds`, `data`, `context`, `evaluate` and the arms kept, and appends its `train` after
-the smoke-size model.
+comparison divides or subtracts two arms' values of a figure; a `target` arm's final valid nll
+is what `steps_to_target` and `seconds_to_target` measure each run of its round against.
+`evaluate` adds `paperscale evaluate` of each run on the test split at the listed beams
+(`test_bleu_beam<N>`). `smoke` replaces `rounds`, `data`, `context`, `evaluate` and the arms
+kept, and appends its `train` after the smoke-size model.
 """
 
 from __future__ import annotations
