@@ -188,6 +188,7 @@ def lockstep_and_init(
     """Parts 2 and 3 on corpus `name` (prepared and binarized under `work` by part 1)."""
     accum, seed = WORLD * job.train.grad_accum, job.train.seed
     batches = recipe.dump_batches(job, max(lockstep_steps, init_steps) * accum)
+    steps = [batches[i : i + accum] for i in range(0, len(batches), accum)]  # micro-batches
     cfg, exact = recipe.model_config(job), recipe.model_config(job, dropout=0.0)
     ours = recipe.initial_weights(cfg, seed)
     inits = {"paperscale": ours, "previous xavier": recipe.initial_weights(cfg, seed, True)}
@@ -202,7 +203,7 @@ def lockstep_and_init(
         out = recipe.worker(fairseq_python, work, "lockstep", spec, str(dump), str(lockstep_steps))
         theirs = [json.loads(x) for x in out.splitlines() if x.startswith('{"step"')]
         loop = recipe.BareLoop(exact, job.optim, seed, ours, fairseq_lr=True)
-        mine = [loop.step(batches[accum * k : accum * (k + 1)]) for k in range(lockstep_steps)]
+        mine = [loop.step(micro) for micro in steps[:lockstep_steps]]
         worst = max(abs(a[0] / b["loss"] - 1) for a, b in zip(mine, theirs, strict=True))
         context = {"steps": lockstep_steps, "corpus": name}
         rows.append(row("lockstep_max_rel_loss_diff", worst, "relative", **context))
@@ -217,7 +218,7 @@ def lockstep_and_init(
     last = min(10, init_steps)
     for init_name, init in inits.items():
         loop = recipe.BareLoop(cfg, job.optim, seed, init)
-        nll = [loop.step(batches[accum * k : accum * (k + 1)])[1] for k in range(init_steps)]
+        nll = [loop.step(micro)[1] for micro in steps[:init_steps]]
         context = {"init": init_name, "steps": init_steps, "window": last, "corpus": name}
         rows.append(
             row("train_nll_last_steps", statistics.mean(nll[-last:]), "nats/token", **context)

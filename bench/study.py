@@ -113,8 +113,6 @@ def load_study(path: Path, smoke: bool) -> Any:
         if fig.get("reduce", "mean") not in REDUCERS:
             known = sorted(REDUCERS)
             raise BenchInputError(f"{path}: unknown reduce {fig.reduce!r}; known: {known}")
-    if study.get("target", None) not in (None, *study.arms):
-        raise BenchInputError(f"{path}: target {study.target!r} is none of its arms")
     if any(f.get("reduce", "").endswith("_to_target") for f in study.figures) != (
         "target" in study
     ):
@@ -141,6 +139,8 @@ def load_study(path: Path, smoke: bool) -> Any:
         keep = small.get("arms", list(study.arms))
         study.arms = {name: arm for name, arm in study.arms.items() if name in keep}
         study.compare = [c for c in study.get("compare", []) if set(c.arms) <= set(keep)]
+    if study.get("target", None) not in (None, *study.arms):  # (the smoke's arms kept too)
+        raise BenchInputError(f"{path}: target {study.target!r} is none of its arms")
     study.train = train
     return study
 

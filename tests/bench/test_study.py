@@ -155,6 +155,10 @@ def test_steps_and_seconds_to_the_target_arms_final_nll(
     path.write_text(path.read_text().replace("target: B", "target: C"))
     with pytest.raises(ValueError, match="target 'C' is none of its arms"):
         study.load_study(path, smoke=False)
-    path.write_text(path.read_text().replace("target: C\n", ""))
+    path.write_text(path.read_text().replace("target: C", "target: B\nsmoke: {arms: [2B]}"))
+    study.load_study(path, smoke=False)
+    with pytest.raises(ValueError, match="target 'B' is none of its arms"):
+        study.load_study(path, smoke=True)  # a smoke that keeps the target arm out
+    path.write_text(path.read_text().replace("target: B\n", ""))
     with pytest.raises(ValueError, match="`target` go together"):
         study.load_study(path, smoke=False)
