@@ -173,6 +173,40 @@ def run_command(
     return seconds
 
 
+def in_fresh_process(
+    target: str,
+    kwargs: Mapping[str, Any],
+    log: Path,
+    env: Mapping[str, str | None] | None = None,
+    timeout: float = 3600.0,
+    ranks: int = 0,
+) -> Any:
+    """`target` ("module:function" in bench/) called with `kwargs` in a Python process of its
+    own (under torchrun on `ranks` local ranks when given), so that nothing of this process or
+    of an earlier case counts in its figures: what it returned (rank 0's), through JSON; its
+    output in `log`."""
+    out = log.with_suffix(".result.json")
+    out.unlink(missing_ok=True)
+    spec = json.dumps({"target": target, "kwargs": dict(kwargs), "out": str(out)})
+    python = [sys.executable, "-c", "from bench.common import _child; _child()", spec]
+    if ranks:
+        python = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                  f"--nproc_per_node={ranks}", "--no-python", *python]  # fmt: skip
+    run_command(python, log, env, timeout)
+    return json.loads(out.read_text())
+
+
+def _child() -> None:
+    """In the fresh process of `in_fresh_process`: call the target, rank 0 writes its result."""
+    import importlib
+
+    spec = json.loads(sys.argv[-1])
+    module, _, function = spec["target"].partition(":")
+    result = getattr(importlib.import_module(f"bench.{module}"), function)(**spec["kwargs"])
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(spec["out"]).write_text(json.dumps(result))
+
+
 def train_run(
     config: str | Path,
     run_dir: Path,

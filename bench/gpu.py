@@ -16,9 +16,7 @@ counts real tokens only. Attention is SDPA restricted to its fused kernels (and 
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +26,15 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.common import CPU_ENV, SMOKE_MODEL, BenchInputError, Row, open_job, row, run_command
+from bench.common import (
+    CPU_ENV,
+    SMOKE_MODEL,
+    BenchInputError,
+    Row,
+    in_fresh_process,
+    open_job,
+    row,
+)
 from data_pipeline.batching import Batch, Sample, collate, plan_batches, round_up
 from data_pipeline.tokenizer import EOS_ID
 from model.config import ModelConfig
@@ -164,8 +170,10 @@ FULL, SMOKE = (
 )
 
 
-def configuration(size: Size, lengths: str, overrides: Sequence[str]) -> list[Row]:
-    """One configuration's rows: the preset's engine with `overrides`, on `lengths`."""
+def configuration(size: Sequence[Any], lengths: str, overrides: Sequence[str]) -> list[Row]:
+    """One configuration's rows: the preset's engine with `overrides`, on `lengths` (run in a
+    process of its own, so that one engine's memory never counts in the next one's peak)."""
+    size = Size(*size)
     job, env, cfg = open_job(size.config, overrides, size.device, settle=False)
     vocab, warmup, steps = cfg.vocab_size, size.warmup, size.steps
     seed_everything(1)
@@ -217,12 +225,6 @@ def configuration(size: Size, lengths: str, overrides: Sequence[str]) -> list[Ro
 CONFIGS = ((1, False, "fixed"), (1, False, "wmt14"), (1, True, "fixed"), (2, False, "fixed"),
            (2, True, "fixed"))  # fmt: skip
 SMOKE_CONFIGS = tuple(c for c in CONFIGS if not c[1])
-WORKER = "import json, sys; from bench.gpu import one; one(*json.loads(sys.argv[1]))"
-
-
-def one(out: str, size: list, lengths: str, overrides: list[str]) -> None:
-    """A configuration's rows, written to `out` (what each configuration's process runs)."""
-    Path(out).write_text(json.dumps(configuration(Size(*size), lengths, overrides)))
 
 
 def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> list[Row]:
@@ -244,14 +246,13 @@ def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> l
             continue
         over = [*extra, "train.grad_accum=1", "train.precision=bf16", f"train.zero_stage={zero}",
                 f"train.compile={str(compile_).lower()}"]  # fmt: skip
-        out = work / f"{i}.json"
+        kwargs = {"size": size, "lengths": lengths, "overrides": over}
         try:
-            spec = json.dumps([str(out), size, lengths, over])
-            seconds = run_command([sys.executable, "-c", WORKER, spec], work / f"{i}.log", env,
-                                  limits[compile_])  # fmt: skip
+            found = in_fresh_process("gpu:configuration", kwargs, work / f"{i}.log", env,
+                                     limits[compile_])  # fmt: skip
         except SystemExit as exc:
             print(f"== {name}: failed\n{exc}", flush=True)
             continue
-        print(f"== {name}: done in {seconds:.0f} s", flush=True)
-        rows, done = rows + json.loads(out.read_text()), done + 1
+        print(f"== {name}: done", flush=True)
+        rows, done = rows + found, done + 1
     return [*rows, row("configurations finished", done, "", goal=f">= {len(configs)}")]

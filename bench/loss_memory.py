@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import os
 import resource
-import subprocess
-import sys
 from pathlib import Path
 
-from bench.common import ROOT, Row, row
+from bench.common import Row, in_fresh_process, row
 
 VARIANTS = ("plain", "chunked")
 # glibc's malloc keeps a freed block below its (dynamic, up to 32 MiB) mmap threshold in the
@@ -57,23 +55,22 @@ def peak_mib(variant: str, tokens: int, d_model: int, vocab: int, dtype: str) ->
     return (peak - base) / 2**20
 
 
-def child_peak_mib(variant: str, tokens: int, d_model: int, vocab: int, dtype: str) -> float:
+def fresh_peak(
+    work: Path, variant: str, tokens: int, d_model: int, vocab: int, dtype: str
+) -> float:
     """`peak_mib` in a fresh Python process, with RETURN_FREED_MEMORY."""
-    code = (
-        "from bench.loss_memory import peak_mib; "
-        f"print(peak_mib({variant!r}, {tokens}, {d_model}, {vocab}, {dtype!r}))"
-    )
-    env = {**os.environ, **RETURN_FREED_MEMORY}
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{variant} {dtype}: exit {out.returncode}\n{out.stderr[-3000:]}")
-    return float(out.stdout.split()[-1])
+    kwargs = {"variant": variant, "tokens": tokens, "d_model": d_model, "vocab": vocab,
+              "dtype": dtype}  # fmt: skip
+    log = work / f"{variant}-{dtype}.log"
+    return in_fresh_process("loss_memory:peak_mib", kwargs, log, RETURN_FREED_MEMORY)
 
 
 def measure(
-    config: str = "configs/base.yaml", tokens: int = 4096, d_model: int = 0, vocab: int = 0
+    work: Path,
+    config: str = "configs/base.yaml",
+    tokens: int = 4096,
+    d_model: int = 0,
+    vocab: int = 0,
 ) -> list[Row]:
     """Both losses in each dtype, and the plan's count for the chunked one; d_model and vocab 0
     take the preset's."""
@@ -88,7 +85,7 @@ def measure(
     cfg = ModelConfig(vocab_size=vocab, d_model=d_model)
     rows: list[Row] = []
     for dtype in ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",):
-        plain, chunked = (child_peak_mib(v, tokens, d_model, vocab, dtype) for v in VARIANTS)
+        plain, chunked = (fresh_peak(work, v, tokens, d_model, vocab, dtype) for v in VARIANTS)
         per_token = activation_bytes_per_token(cfg, dtype)["loss"]
         planned = (tokens * per_token + loss_workspace_bytes(cfg, dtype)) / 2**20
         case = {"dtype": dtype, "tokens": tokens, "d_model": d_model, "vocab": vocab}

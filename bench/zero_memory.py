@@ -14,15 +14,13 @@ small model).
 from __future__ import annotations
 
 import gc
-import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.common import CPU_ENV, Row, open_job, row, run_command
+from bench.common import CPU_ENV, Row, in_fresh_process, open_job, row
 from launch.cost_model.plan import Buckets, model_state_bytes, module_buffer_bytes, persistent_numel
 from model.config import ModelConfig
 from model.loss import label_smoothed_loss
@@ -40,8 +38,6 @@ SMOKE = [
     "model.decoder_layers=2",
     "data.vocab_size=2000",
 ]
-# what each rank runs: worker(**json of its arguments)
-WORKER = "import json, sys; from bench.zero_memory import worker; worker(**json.loads(sys.argv[1]))"
 
 
 def _storages_of(obj: Any, out: dict[int, int], visited: set[int], depth: int = 0) -> None:
@@ -131,8 +127,8 @@ def predicted_bytes(model_cfg: ModelConfig, stage: int, world: int, precision: s
     return states["resident"] + module_buffer_bytes(model_cfg)
 
 
-def worker(out: str, config: str, bucket_elements: int, overrides: list[str]) -> None:
-    """One rank under torchrun: every stage; rank 0 appends its rows to `out`."""
+def worker(config: str, bucket_elements: int, overrides: list[str]) -> list[Row]:
+    """One rank under torchrun: every stage; its rows."""
     if bucket_elements:
         ds_config.BUCKET_ELEMENTS = bucket_elements
     job, env, model_cfg = open_job(config, ["logging.wandb=disabled", *overrides])
@@ -145,9 +141,7 @@ def worker(out: str, config: str, bucket_elements: int, overrides: list[str]) ->
                 "optimizer": optimizer, "precision": precision, "config": config}  # fmt: skip
         label = f"measured / predicted, {world} rank(s), ZeRO {stage}"
         rows.append(row(label, measured / predicted, "x", **case))
-    if env.is_main:
-        with open(out, "a") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
+    return rows
 
 
 def measure(
@@ -163,14 +157,10 @@ def measure(
     trainer.ds.config's."""
     if smoke:
         config, bucket_elements, overrides = "configs/tiny.yaml", 100_000, [*SMOKE, *overrides]
-    out = work / "rows.jsonl"
-    out.unlink(missing_ok=True)
-    args = {"out": str(out), "config": config, "bucket_elements": bucket_elements}
-    argv = [sys.executable, "-c", WORKER, json.dumps({**args, "overrides": list(overrides)})]
+    args = {"config": config, "bucket_elements": bucket_elements, "overrides": list(overrides)}
+    rows: list[Row] = []
     for world in worlds:
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        cmd = [*torchrun, f"--nproc_per_node={world}", "--no-python", *argv]
-        run_command(cmd, work / f"world{world}.log", CPU_ENV, timeout)
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+        log = work / f"world{world}.log"
+        rows += in_fresh_process("zero_memory:worker", args, log, CPU_ENV, timeout, ranks=world)
     worst = max(abs(r["value"] - 1) for r in rows)
     return [*rows, row("worst |measured / predicted - 1|", worst, "x", tolerance=TOLERANCE)]

@@ -23,7 +23,7 @@ import torch
 
 from bench import __main__ as bench_main
 from bench import registry, suite
-from bench.common import json_rows, missed_goals, write_rows
+from bench.common import in_fresh_process, json_rows, missed_goals, write_rows
 from tests.integration.conftest import ROOT, cli_env
 
 MACHINE = {
@@ -648,6 +648,19 @@ def test_write_rows_checks_rows_and_writes_nan_as_null(tmp_path: Path) -> None:
         write_rows(path, [{"figure": "f", "value": "fast", "unit": "s"}])
     with pytest.raises(ValueError, match="str figure and unit"):
         write_rows(path, [{"figure": "f", "value": 1.0}])
+
+
+def test_a_case_in_a_fresh_process_returns_its_value_or_ends_the_bench(tmp_path: Path) -> None:
+    """What the function returned comes back through JSON from a process of its own, with the
+    environment given; a failing case ends the bench with its error, not a missing result."""
+    rows = [{"figure": "f", "value": 1.5, "unit": "s"}]
+    got = in_fresh_process("common:json_rows", {"rows": rows}, tmp_path / "ok.log")
+    assert got == rows
+    got = in_fresh_process("common:json_rows", {"rows": rows}, tmp_path / "one.log", ranks=1)
+    assert got == rows  # under torchrun: rank 0's
+    with pytest.raises(SystemExit, match="number value"):
+        bad = [{"figure": "f", "value": "fast", "unit": "s"}]
+        in_fresh_process("common:json_rows", {"rows": bad}, tmp_path / "bad.log")
 
 
 def test_machine_info_names_cpu_cores_bf16_and_gpu() -> None:
