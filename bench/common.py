@@ -1,5 +1,5 @@
-"""What the benches share: rows, goals, the smoke-size model, a bench's own engine, and running
-the project's commands.
+"""What the benches share: rows, goals, the smoke-size model, a bench's own engine, running the
+project's commands, and a case in a process of its own.
 
 A row is one figure: ``{"figure": name, "value": number, "unit": str, ...context}``, where the
 context keys (a ZeRO stage, a world size) say which case it measured.

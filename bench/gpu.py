@@ -171,8 +171,7 @@ FULL, SMOKE = (
 
 
 def configuration(size: Sequence[Any], lengths: str, overrides: Sequence[str]) -> list[Row]:
-    """One configuration's rows: the preset's engine with `overrides`, on `lengths` (run in a
-    process of its own, so that one engine's memory never counts in the next one's peak)."""
+    """One configuration's rows: the preset's engine with `overrides`, on `lengths`."""
     size = Size(*size)
     job, env, cfg = open_job(size.config, overrides, size.device, settle=False)
     vocab, warmup, steps = cfg.vocab_size, size.warmup, size.steps
