@@ -10,7 +10,6 @@ misses makes a full-size run exit 1.
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import os
 import sys
@@ -22,7 +21,7 @@ from typing import Any
 import yaml
 
 from bench import registry
-from bench.common import BenchInputError, Row, missed_goals, write_rows
+from bench.common import BenchInputError, Row, bench_function, missed_goals, write_rows
 from bench.registry import Bench
 from bench.suite import details, format_value
 
@@ -61,8 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    module, _, function = bench.measure.partition(":")
-    fn = getattr(importlib.import_module(f"bench.{module}"), function)
+    fn = bench_function(bench.measure)
     known = set(inspect.signature(fn).parameters)
     try:
         params = {

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,13 +196,18 @@ def in_fresh_process(
     return json.loads(out.read_text())
 
 
-def _child() -> None:
-    """In the fresh process of `in_fresh_process`: call the target, rank 0 writes its result."""
+def bench_function(target: str) -> Callable[..., Any]:
+    """The function a "module:function" target names in bench/."""
     import importlib
 
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(f"bench.{module}"), function)
+
+
+def _child() -> None:
+    """In the fresh process of `in_fresh_process`: call the target, rank 0 writes its result."""
     spec = json.loads(sys.argv[-1])
-    module, _, function = spec["target"].partition(":")
-    result = getattr(importlib.import_module(f"bench.{module}"), function)(**spec["kwargs"])
+    result = bench_function(spec["target"])(**spec["kwargs"])
     if int(os.environ.get("RANK", "0")) == 0:
         Path(spec["out"]).write_text(json.dumps(result))
 

@@ -170,9 +170,10 @@ FULL, SMOKE = (
 )
 
 
-def configuration(size: Sequence[Any], lengths: str, overrides: Sequence[str]) -> list[Row]:
-    """One configuration's rows: the preset's engine with `overrides`, on `lengths`."""
-    size = Size(*size)
+def configuration(fields: Sequence[Any], lengths: str, overrides: Sequence[str]) -> list[Row]:
+    """One configuration's rows: the preset's engine with `overrides`, on `lengths`, at the
+    `Size` of `fields` (a JSON list in its own process)."""
+    size = Size(*fields)
     job, env, cfg = open_job(size.config, overrides, size.device, settle=False)
     vocab, warmup, steps = cfg.vocab_size, size.warmup, size.steps
     seed_everything(1)
@@ -245,7 +246,7 @@ def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> l
             continue
         over = [*extra, "train.grad_accum=1", "train.precision=bf16", f"train.zero_stage={zero}",
                 f"train.compile={str(compile_).lower()}"]  # fmt: skip
-        kwargs = {"size": size, "lengths": lengths, "overrides": over}
+        kwargs = {"fields": size, "lengths": lengths, "overrides": over}
         try:
             found = in_fresh_process("gpu:configuration", kwargs, work / f"{i}.log", env,
                                      limits[compile_])  # fmt: skip

@@ -4,7 +4,6 @@ on fake benches and rows."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
@@ -23,7 +22,7 @@ import torch
 
 from bench import __main__ as bench_main
 from bench import registry, suite
-from bench.common import in_fresh_process, json_rows, missed_goals, write_rows
+from bench.common import bench_function, in_fresh_process, json_rows, missed_goals, write_rows
 from tests.integration.conftest import ROOT, cli_env
 
 MACHINE = {
@@ -232,8 +231,7 @@ def test_every_registered_function_takes_its_full_and_smoke_arguments() -> None:
     """Each bench's `module:function` exists and takes every keyword its full and smoke sizes
     give (a typo fails here, not after hours of a full run)."""
     for b in registry.REGISTRY.values():
-        module, _, function = b.measure.partition(":")
-        params = inspect.signature(getattr(importlib.import_module(f"bench.{module}"), function))
+        params = inspect.signature(bench_function(b.measure))
         assert set(b.full) | set(b.smoke) <= set(params.parameters) - {"work"}, b.name
 
 
