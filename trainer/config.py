@@ -90,6 +90,10 @@ class TrainConfig:
     # auto (the machine's fastest: trainer/precision.py) | bf16 | fp16 (GPU only) | fp32
     precision: str = "auto"
     seed: int = 1
+    # torch's deterministic algorithms (and cuBLAS's fixed workspace on CUDA): two runs of one
+    # config give bitwise-equal losses on GPUs too, at a cost (bench/RESULTS.md, gpu); the CPU
+    # path is deterministic without it (trainer/autos.py)
+    deterministic: bool = False
     log_every: int = 100
     eval_every: int = 1000  # validation loss; 0 = only at the end
     eval_max_batches: int = 0  # 0 = the whole validation split

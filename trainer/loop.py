@@ -27,7 +27,7 @@ from trainer.checkpoint.manager import CheckpointManager, export_source
 from trainer.checkpoint.safe_load import forbid_code_in_checkpoints
 from trainer.dist import DistEnv, broadcast_str, init_distributed
 from trainer.ds.config import ask_grad_norm, step_guards_update
-from trainer.ds.engine import build_engine, seed_everything
+from trainer.ds.engine import build_engine, make_deterministic, seed_everything
 from trainer.events import LoopEvents
 from trainer.export import export_checkpoint
 from trainer.faults import Faults
@@ -62,6 +62,8 @@ def train(job: Any, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the job in this process; every rank calls this. Returns the summary.
     Each call is one attempt of the run (trainer/attempts.py): a crash loop stops here."""
     stop_request = StopRequest().install()  # first: a stop signal during start-up counts too
+    if job.train.deterministic:
+        make_deterministic()  # before any CUDA work
     env = init_distributed(job.train.device, job.train.dist_timeout_s)
     forbid_code_in_checkpoints()
     run = RunDir(run_dir)

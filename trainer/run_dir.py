@@ -2,6 +2,7 @@
 
 ```
 RUN/config.yaml                 the resolved config (the precision it trains in, once started)
+RUN/decisions.json              every `auto` as the run's first start resolved it (trainer/autos.py)
 RUN/spm.model                   the run's copy of the tokenizer
 RUN/metrics.jsonl               one JSON object per logged step / evaluation
 RUN/summary.json                how the last `train` ended (exit code, error, figures)
@@ -49,6 +50,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 CONFIG = "config.yaml"
+DECISIONS = "decisions.json"
 TOKENIZER = "spm.model"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -188,6 +190,10 @@ class RunDir:
     @property
     def config(self) -> Path:
         return self.root / CONFIG
+
+    @property
+    def decisions(self) -> Path:
+        return self.root / DECISIONS
 
     @property
     def tokenizer(self) -> Path:

@@ -1,4 +1,4 @@
-"""What a run settles before its first step: the precision every rank trains in, the
+"""What a run settles before its first step: every `auto` (trainer/autos.py), the
 accumulation when resuming on another number of ranks, and the peak FLOP/s for MFU.
 
 Each returns new values (a new job, a new resolved config) rather than changing its inputs.
@@ -18,14 +18,15 @@ import torch.distributed as dist
 from data_pipeline.manifest import tokenizer_path
 from data_pipeline.tokenizer import Tokenizer
 from model.config import ModelConfig
+from trainer import autos
 from trainer.checkpoint.disk import accumulation_for, ensure_universal
 from trainer.checkpoint.manager import saved_setting
 from trainer.dist import DistEnv
 from trainer.ds.engine import PRECISION_DTYPES, Job, resolve_model_config
 from trainer.flops import peak_flops
-from trainer.kernels import resolve_attention
+from trainer.machine_cache import machine_key
 from trainer.metrics import stderr_warn
-from trainer.precision import PrecisionChoice, resolve_precision, slow_bf16_warning
+from trainer.precision import PrecisionChoice, slow_bf16_warning
 from trainer.run_dir import RunDir
 
 
@@ -54,26 +55,27 @@ def with_train(job: Job, resolved: dict[str, Any], **changes: Any) -> tuple[Job,
     return new_job, new_resolved
 
 
-def agree_on_precision(
-    job: Job, env: DistEnv, model_cfg: ModelConfig, saved: str | None
-) -> PrecisionChoice:
-    """Resolve `train.precision` on rank 0 (its probe measures alone) and hand the answer to
-    every rank, so that all train in the same precision; rank 0 states it in one line."""
-    requested = job.train.precision
+def agree_on_decisions(
+    job: Job, env: DistEnv, model_cfg: ModelConfig, run: RunDir, saved: str | None
+) -> autos.Record:
+    """Every `auto` (trainer/autos.py), decided on rank 0 and handed to every rank so that all
+    train alike; rank 0 states each in one line and records them in RUN/decisions.json."""
     answer: list[Any] = [None, None]
     if env.is_main:
         try:
-            choice = resolve_precision(
-                requested, env.device.type, model_cfg.d_model, model_cfg.d_ff, saved
-            )
-            answer = [choice, None]
-            if requested == "auto":
-                print(choice.line(), flush=True)
-            elif requested == "bf16":
+            record = autos.resolve_all(
+                vars(job.train), env.device.type, model_cfg.d_model, model_cfg.d_ff,
+                autos.read_record(run.decisions), saved,
+            )  # fmt: skip
+            answer = [record, None]
+            for line in autos.lines(record):
+                print(line, flush=True)
+            if job.train.precision == "bf16":
                 warning = slow_bf16_warning(env.device.type, model_cfg.d_model, model_cfg.d_ff)
                 if warning:
                     stderr_warn(warning)
-        except ValueError as exc:
+            autos.write_record(run.decisions, record, machine_key())
+        except autos.DecisionError as exc:
             answer = [None, str(exc)]
     dist.broadcast_object_list(answer, src=0)
     if answer[1] is not None:
@@ -108,12 +110,10 @@ def settle_job(job: Job, run: RunDir, resolved: dict[str, Any], env: DistEnv) ->
     ckpts = run.checkpoints
     tag = ckpts.latest_tag()
     saved = None if tag is None else saved_setting(ckpts, tag, "train", "precision")
-    choice = agree_on_precision(job, env, model_cfg, saved)
-    job, resolved = with_train(job, resolved, precision=choice.precision)
-    attention = resolve_attention(job.train.attention, env.device.type, choice.precision)
-    if env.is_main and job.train.attention == "auto":
-        print(attention.line("attention", "auto"), flush=True)
-    job, resolved = with_train(job, resolved, attention=attention.name)
+    record = agree_on_decisions(job, env, model_cfg, run, saved)
+    job, resolved = with_train(job, resolved, **autos.values(record))
+    precision = record.decisions["precision"]
+    choice = PrecisionChoice(precision.value, precision.reason)
     universal = tag is not None and ckpts.saved_world_size(tag) != env.world_size
     if universal:
         assert tag is not None

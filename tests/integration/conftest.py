@@ -78,6 +78,25 @@ def paperscale(
 RUN_TOKEN = "PAPERSCALE_TEST_RUN"
 
 
+def decided(run_dir: Path) -> dict[str, str]:
+    """Every `auto` as the run decided it (RUN/decisions.json): key -> value."""
+    import json
+
+    record = json.loads((run_dir / "decisions.json").read_text())
+    return {k: d["value"] for k, d in record["decisions"].items()}
+
+
+def assert_same_decisions(run_dir: Path, reference: Path) -> None:
+    """Two runs whose losses are compared step for step resolved every `auto` alike; when they
+    did not, the failure names each key that differs (not a loss at some step)."""
+    mine, theirs = decided(run_dir), decided(reference)
+    differ = {
+        k: (mine.get(k), theirs.get(k)) for k in sorted(mine.keys() | theirs.keys())
+        if mine.get(k) != theirs.get(k)
+    }  # fmt: skip
+    assert not differ, f"the runs decided differently (this run, the reference): {differ}"
+
+
 def signal_run(pgid: int, token: str, sig: int) -> None:
     """`sig` to the command's process group and to every process whose environment holds
     RUN_TOKEN=token: torchrun starts each rank in a session of its own, out of the group's

@@ -1,5 +1,6 @@
-"""`train.precision: auto`: the CUDA capability rule, the CPU flags + probe, the switch, the
-warning on a forced bf16, and what a resumed run does when the machine would pick another."""
+"""`train.precision: auto`: the CUDA capability rule, the CPU flags + the measurement made once
+per machine (with its margin and its cache), the switch, the warning on a forced bf16, and what
+a resumed run does when the machine would pick another."""
 
 from __future__ import annotations
 
@@ -7,18 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from trainer.machine_cache import MachineCache
 from trainer.precision import (
+    BF16_MIN_SPEEDUP,
     CPU_BF16_ENV,
     CpuBf16Verdict,
     PrecisionChoice,
-    bf16_slowdown,
+    cached_bf16_slowdown,
     cpu_bf16_verdict,
     cpu_has_native_bf16,
     cuda_precision,
     forced_cpu_bf16,
     machine_choice,
+    measure_bf16_slowdown,
     resolve_precision,
     runs_on,
+    shape_class,
     slow_bf16_warning,
 )
 
@@ -68,30 +73,46 @@ def test_this_machines_flags_agree_with_proc_cpuinfo() -> None:
 @pytest.mark.parametrize(
     ("caps", "slowdown", "expected"),
     [
-        (NATIVE, 0.5, "bf16"),  # native and measured faster
-        (NATIVE, 1.0, "bf16"),  # as fast counts
+        (NATIVE, 0.5, "bf16"),  # native and measured 2x faster
+        (NATIVE, 1 / BF16_MIN_SPEEDUP, "bf16"),  # exactly the margin
+        (NATIVE, 0.7, "fp32"),  # faster, but within the margin: a near-tie goes to fp32
+        (NATIVE, 1.0, "fp32"),  # a tie
         (NATIVE, 3.0, "fp32"),  # flags present but the probe finds bf16 slower
-        (AVX2_ONLY, 70.0, "fp32"),  # emulated
-        (AVX2_ONLY, 0.5, "fp32"),  # no flags: never bf16, whatever one timing says
+        (AVX2_ONLY, 0.5, "fp32"),  # no flags: never bf16, and nothing measured
     ],
 )
-def test_cpu_rule_needs_flags_and_probe(
+def test_cpu_rule_needs_flags_and_a_margin(
     caps: dict[str, bool], slowdown: float, expected: str
 ) -> None:
-    verdict = cpu_bf16_verdict(256, 1024, {}, caps, probe=lambda d, f: slowdown)
+    probed: list[tuple[int, int]] = []
+
+    def probe(d: int, f: int) -> tuple[float, bool]:
+        probed.append((d, f))
+        return slowdown, True
+
+    verdict = cpu_bf16_verdict(256, 1024, {}, caps, probe=probe)
     assert ("bf16" if verdict.use_bf16 else "fp32") == expected
+    assert probed == ([(256, 1024)] if caps is NATIVE else [])
     choice = machine_choice("cpu", 256, 1024, {}, cpu_verdict=lambda d, f, e: verdict)
     assert choice.precision == expected
 
 
-def test_reason_states_the_measured_slowdown() -> None:
-    emulated = CpuBf16Verdict(native_flags=False, slowdown=70.0, forced=None)
+def test_reason_says_flags_or_the_cached_measurement() -> None:
+    emulated = CpuBf16Verdict(native_flags=False, slowdown=None, forced=None)
     line = PrecisionChoice("fp32", emulated.describe()).line()
-    assert line == (
-        "precision auto -> fp32: this CPU has no native bf16 (bf16 matmul 70x slower than fp32)"
+    assert line.startswith(
+        "precision auto -> fp32: this CPU has no native bf16 instructions (avx512_bf16, amx_bf16)"
     )
-    native = CpuBf16Verdict(native_flags=True, slowdown=0.5, forced=None)
-    assert native.describe() == "this CPU has native bf16 (bf16 matmul 2.0x the speed of fp32)"
+    native = CpuBf16Verdict(native_flags=True, slowdown=0.5, forced=None, cached=True)
+    assert native.describe() == (
+        "this CPU has native bf16 (bf16 matmul 2.0x the speed of fp32, measured once on this "
+        "machine, cached)"
+    )
+    tie = CpuBf16Verdict(native_flags=True, slowdown=0.8, forced=None)
+    assert tie.describe() == (
+        "this CPU has bf16 instructions but bf16 matmul 1.2x the speed of fp32 (measured once "
+        f"on this machine); bf16 needs {BF16_MIN_SPEEDUP}x"
+    )
 
 
 @pytest.mark.parametrize(
@@ -99,7 +120,9 @@ def test_reason_states_the_measured_slowdown() -> None:
     [("1", AVX2_ONLY, "bf16"), ("0", NATIVE, "fp32"), ("", AVX2_ONLY, "fp32")],
 )
 def test_switch_forces_the_cpu_answer(value: str, caps: dict[str, bool], expected: str) -> None:
-    verdict = cpu_bf16_verdict(256, 1024, {CPU_BF16_ENV: value}, caps, probe=lambda d, f: 0.5)
+    verdict = cpu_bf16_verdict(
+        256, 1024, {CPU_BF16_ENV: value}, caps, probe=lambda d, f: pytest.fail("measured")
+    )
     assert ("bf16" if verdict.use_bf16 else "fp32") == expected
     if value:
         assert f"{CPU_BF16_ENV}={value}" in verdict.describe()
@@ -112,15 +135,43 @@ def test_switch_rejects_other_values() -> None:
 
 
 def test_probe_measures_a_real_ratio() -> None:
-    ratio = bf16_slowdown(64, 128, rows=64, budget_s=0.2)
+    ratio = measure_bf16_slowdown(64, 128, rows=64, budget_s=0.2)
     assert 0.01 < ratio < 1000
 
 
-def test_forced_bf16_warns_with_the_measured_slowdown(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shape_classes_round_up_to_powers_of_two_and_cap() -> None:
+    assert shape_class(32, 64) == (32, 64)
+    assert shape_class(48, 100) == (64, 128)
+    assert shape_class(512, 2048) == (512, 2048)
+    assert shape_class(4096, 16384) == (1024, 4096)
+
+
+def test_the_measurement_is_made_once_per_machine_and_shape_class(tmp_path: Path) -> None:
+    cache = MachineCache(tmp_path)
+    first, cached = cached_bf16_slowdown(32, 64, cache)
+    assert not cached and 0.01 < first < 1000
+    entries = cache.read()
+    assert len(entries) == 1
+    (key,) = entries
+    assert "torch " in key and "256x32 @ 32x64" in key
+    again, cached = cached_bf16_slowdown(30, 60, cache)  # same class: read back, not measured
+    assert cached and again == first
+    cached_bf16_slowdown(64, 128, cache)
+    assert len(cache.read()) == 2
+
+
+def test_a_damaged_cache_is_measured_again(tmp_path: Path) -> None:
+    cache = MachineCache(tmp_path)
+    cache.path.write_text("{not json")
+    value, cached = cached_bf16_slowdown(32, 64, cache)
+    assert not cached and cache.read() and value > 0
+
+
+def test_forced_bf16_warns_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CPU_BF16_ENV, "0")
     warning = slow_bf16_warning("cpu", 64, 128)
     assert warning is not None and warning.startswith("warning: train.precision=bf16")
-    assert "measured: bf16 matmul" in warning and "\n" not in warning
+    assert "auto picks fp32" in warning and "\n" not in warning
     monkeypatch.setenv(CPU_BF16_ENV, "1")
     assert slow_bf16_warning("cpu", 64, 128) is None
     assert slow_bf16_warning("cuda", 64, 128) is None
@@ -150,20 +201,3 @@ def test_fp16_checkpoint_cannot_resume_without_a_gpu() -> None:
 def test_explicit_precision_is_taken_as_given() -> None:
     choice = resolve_precision("bf16", "cpu", 256, 1024, choose=lambda: FP32_HERE)
     assert choice.precision == "bf16"
-
-
-def test_one_stalled_call_does_not_decide_the_probe() -> None:
-    """A first call stalled past the budget (another process had the core) ends a one-call
-    timing with the stall; with min_reps the later, unstalled calls give the time."""
-    import time
-
-    from trainer.precision import _best_seconds
-
-    def stalled_once() -> object:
-        calls.append(None)
-        return time.sleep(0.2 if len(calls) == 1 else 0.0)
-
-    calls: list[None] = []
-    assert _best_seconds(stalled_once, reps=5, budget_s=0.01) >= 0.2
-    calls = []
-    assert _best_seconds(stalled_once, reps=5, budget_s=0.01, min_reps=3) < 0.1

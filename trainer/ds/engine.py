@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any, Protocol
 
@@ -31,6 +32,20 @@ class Job(Protocol):
     train: TrainConfig
     logging: LoggingConfig
     profile: ProfileConfig
+
+
+CUBLAS_WORKSPACE = ":4096:8"  # the workspace torch's deterministic cuBLAS matmuls need
+
+
+def make_deterministic() -> None:
+    """`train.deterministic`: torch's deterministic algorithms (an op that has none raises,
+    naming itself, rather than computing differently run to run), cuBLAS's fixed workspace and
+    no cuDNN autotuning. Call before the first CUDA matmul: cuBLAS reads its workspace setting
+    when it makes its handle."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
 
 
 def seed_everything(seed: int) -> None:

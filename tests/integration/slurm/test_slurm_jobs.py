@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY_MODEL, cli_env
+from tests.integration.conftest import TINY_MODEL, assert_same_decisions, cli_env
 from tests.integration.slurm.cluster import LocalSlurm
 from tests.integration.slurm.conftest import (
     finished,
@@ -185,6 +185,7 @@ def test_preempted_job_requeues_and_matches_the_straight_run(
     assert rendezvous_ports(text)[0] == first_port and len(rendezvous_ports(text)) == 2
     assert "failed before any rank started" not in text
 
+    assert_same_decisions(run_dir, straight_run[0])
     straight, resumed = losses(straight_run[0]), losses(run_dir)
     assert sorted(resumed) == list(range(1, STEPS + 1))
     assert [resumed[s] for s in sorted(resumed)] == [straight[s] for s in sorted(straight)]
@@ -355,6 +356,7 @@ def test_preempted_by_a_higher_partition_resumes_and_matches_the_straight_run(
     stopped = stopped_step(text)
     assert 6 <= stopped < STEPS and "SIGTERM received" in text
     assert f"slurm job {job_id} (restart 1)" in text and f"at step {stopped}" in text
+    assert_same_decisions(run_dir, straight_run[0])
     straight, resumed = losses(straight_run[0]), losses(run_dir)
     assert sorted(resumed) == list(range(1, STEPS + 1))
     assert [resumed[s] for s in sorted(resumed)] == [straight[s] for s in sorted(straight)]
@@ -390,6 +392,7 @@ def test_scancel_saves_and_a_new_submit_resumes_from_there(
     assert fields["JobState"] == "COMPLETED", log.read_text()[-3000:]
     assert f"resumed from {run_dir / 'checkpoints'}" in log.read_text()
     assert f"at step {stopped}" in log.read_text()
+    assert_same_decisions(run_dir, straight_run[0])
     straight, resumed = losses(straight_run[0]), losses(run_dir)
     assert [resumed[s] for s in sorted(resumed)] == [straight[s] for s in sorted(straight)]
 
@@ -417,6 +420,7 @@ def test_a_rank_killed_in_a_job_is_restarted_in_place(
     assert "fault injected: rank 1 SIGKILL after step 14" in text
     assert "attempt 2: the worker group restarted in place (restart 1 of " in text
     assert "at step 12" in text
+    assert_same_decisions(run_dir, straight_run[0])
     straight, got = losses(straight_run[0]), losses(run_dir)
     assert [got[s] for s in sorted(got)] == [straight[s] for s in sorted(straight)]
 
@@ -446,6 +450,7 @@ def test_a_node_whose_processes_all_die_is_requeued_and_resumes(
         "the job's step failed (exit " in text and f"requeueing job {job_id} (requeue 1 of" in text
     )
     assert f"slurm job {job_id} (restart 1)" in text and "at step 12" in text
+    assert_same_decisions(run_dir, straight_run[0])
     straight, got = losses(straight_run[0]), losses(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1))
     assert [got[s] for s in sorted(got)] == [straight[s] for s in sorted(straight)]

@@ -1,0 +1,56 @@
+"""Two runs of one config, seed and data on one machine give bitwise-equal losses: 2 ranks,
+ZeRO 2, accumulation, dropout, every `auto` left to the machine, idle or beside four busy
+processes, and with `train.deterministic` (the CPU twin of the CUDA setting)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.busy import busy_processes
+from tests.integration.conftest import TINY_MODEL, assert_same_decisions, decided, paperscale
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+STEPS = 6
+
+
+def train(run_dir: Path, data: Path, cwd: Path, *extra: str) -> str:
+    proc = paperscale(
+        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "2",
+        "--run-dir", str(run_dir), f"data.dir={data}", *TINY_MODEL,
+        "train.grad_accum=2", "train.zero_stage=2", "train.precision=auto",
+        "train.attention=auto", "train.log_every=1", "train.eval_every=0",
+        "train.save_every=0", "train.bleu_samples=4", "train.bleu_beam=1",
+        "logging.wandb=disabled", "logging.tensorboard=false", f"train.max_steps={STEPS}",
+        *extra,
+        cwd=cwd,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def losses(run_dir: Path) -> list[float]:
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r.get("loss") is not None]
+
+
+def test_runs_idle_loaded_and_deterministic_give_the_same_losses(
+    synthetic_data: Path, tmp_path: Path
+) -> None:
+    idle = tmp_path / "idle"
+    out = train(idle, synthetic_data, tmp_path)
+    assert "precision auto -> " in out and "attention auto -> " in out
+    with busy_processes(4):
+        loaded = tmp_path / "loaded"
+        train(loaded, synthetic_data, tmp_path)
+        strict = tmp_path / "deterministic"
+        train(strict, synthetic_data, tmp_path, "train.deterministic=true")
+    reference = losses(idle)
+    assert len(reference) == STEPS
+    for run in (loaded, strict):
+        assert_same_decisions(run, idle)
+        assert losses(run) == reference, run.name  # bitwise
+    assert set(decided(idle)) == {"device", "precision", "attention"}

@@ -1,0 +1,145 @@
+"""Every `auto` decided once and kept: the record a run's first start writes, what later starts
+do with it, and one answer in a row of resolutions beside busy processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.busy import busy_processes
+from trainer import autos
+from trainer.autos import Decision, Record
+from trainer.machine_cache import MachineCache
+from trainer.precision import (
+    PrecisionChoice,
+    cached_bf16_slowdown,
+    cpu_bf16_verdict,
+    cpu_has_native_bf16,
+)
+
+TRAIN = {"device": "auto", "precision": "auto", "attention": "auto"}
+FP32_HERE = PrecisionChoice("fp32", "this CPU has no native bf16")
+BF16_HERE = PrecisionChoice("bf16", "this CPU has native bf16")
+
+
+def resolve(
+    record: Record | None, here: PrecisionChoice, saved: str | None = None, **train: str
+) -> Record:
+    return autos.resolve_all(
+        {**TRAIN, **train}, "cpu", 64, 256, record, saved, choose_precision=lambda: here
+    )
+
+
+def test_a_first_start_decides_and_states_each_auto() -> None:
+    record = resolve(None, FP32_HERE)
+    assert autos.values(record) == {"precision": "fp32", "attention": "flash"}
+    assert autos.lines(record) == [
+        "device auto -> cpu: no CUDA device",
+        "precision auto -> fp32: this CPU has no native bf16",
+        "attention auto -> flash: fp32 on a CPU, where flash is the faster kernel",
+    ]
+
+
+def test_later_starts_keep_the_record_and_name_the_machines_own_pick(tmp_path: Path) -> None:
+    path = tmp_path / "decisions.json"
+    autos.write_record(path, resolve(None, BF16_HERE), "machine A")
+    first = autos.read_record(path)
+    assert first is not None and autos.values(first)["precision"] == "bf16"
+
+    later = resolve(first, FP32_HERE)  # this machine alone would train in fp32
+    assert autos.values(later) == {"precision": "bf16", "attention": "math"}
+    precision = later.decisions["precision"]
+    assert precision.line("precision") == (
+        "precision auto -> bf16: as the run's first start decided (this CPU has native bf16); "
+        "this machine alone would pick fp32: this CPU has no native bf16"
+    )
+    same = resolve(first, BF16_HERE)
+    assert same.decisions["precision"].reason.endswith("(as the run's first start decided)")
+    # the run's own config.yaml (restart in place, requeue) holds the resolved value
+    requeued = resolve(first, FP32_HERE, precision="bf16", attention="math")
+    assert requeued.decisions["precision"].requested == "auto"
+    assert autos.values(requeued) == {"precision": "bf16", "attention": "math"}
+
+
+def test_a_value_set_in_the_config_is_taken_as_given() -> None:
+    first = resolve(None, BF16_HERE)
+    explicit = resolve(first, BF16_HERE, precision="fp32", attention="efficient")
+    assert explicit.decisions["precision"] == Decision("fp32", "fp32", "set in the config")
+    assert autos.values(explicit) == {"precision": "fp32", "attention": "efficient"}
+    assert autos.lines(explicit) == ["device auto -> cpu: no CUDA device"]
+
+
+def test_a_run_dir_without_a_record_follows_its_checkpoint() -> None:
+    resumed = resolve(None, FP32_HERE, saved="bf16")
+    assert resumed.decisions["precision"].value == "bf16"
+    assert "continuing in the checkpoint's precision" in resumed.decisions["precision"].reason
+
+
+def test_a_recorded_fp16_cannot_continue_on_a_cpu() -> None:
+    fp16 = Record("cuda", {"precision": Decision("auto", "fp16", "no bf16 tensor cores")})
+    with pytest.raises(autos.DecisionError, match=r"trains in fp16 .* needs a GPU"):
+        resolve(fp16, FP32_HERE)
+
+
+def test_the_attention_kernel_is_decided_afresh_on_another_device() -> None:
+    on_gpu = Record(
+        "cuda",
+        {
+            "precision": Decision("auto", "bf16", "compute capability 9.0"),
+            "attention": Decision("auto", "default", "torch's own choice"),
+        },
+    )
+    here = resolve(on_gpu, FP32_HERE)
+    assert autos.values(here) == {"precision": "bf16", "attention": "math"}
+    assert "decided afresh: the run moved from cuda to cpu" in here.decisions["attention"].reason
+
+
+def test_a_damaged_record_is_one_line_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "decisions.json"
+    path.write_text('{"device": "cpu"}')
+    with pytest.raises(autos.DecisionError, match=r"decisions\.json is not a record"):
+        autos.read_record(path)
+
+
+@pytest.fixture
+def four_busy_processes() -> Iterator[None]:
+    with busy_processes(4):
+        yield
+
+
+SHAPES = {"suite": (32, 64), "near-tie": (64, 256), "demo": (128, 512), "tiny": (256, 1024)}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("flags", ["this machine's", "native bf16"])
+def test_twenty_resolutions_beside_busy_processes_give_one_answer(
+    four_busy_processes: None, tmp_path: Path, flags: str
+) -> None:
+    """At the suite's, a near-tie's, the demo's and the tiny preset's shapes, 20 starts in a
+    row each, four busy processes beside them: one precision each. With native bf16 flags
+    claimed, the measurement path runs on any CPU (measured once, then read back)."""
+    caps = None if flags == "this machine's" else {"avx512_bf16": True}
+    cache = MachineCache(tmp_path / "cache")
+    answers: dict[str, set[str]] = {}
+    for name, (d_model, d_ff) in SHAPES.items():
+
+        def choose(d: int = d_model, f: int = d_ff) -> PrecisionChoice:
+            verdict = cpu_bf16_verdict(
+                d, f, {}, caps, probe=lambda dd, ff: cached_bf16_slowdown(dd, ff, cache)
+            )
+            return PrecisionChoice("bf16" if verdict.use_bf16 else "fp32", verdict.describe())
+
+        answers[name] = {
+            autos.values(autos.resolve_all(TRAIN, "cpu", d_model, d_ff, None, None, choose))[
+                "precision"
+            ]
+            for _ in range(20)
+        }
+    assert all(len(a) == 1 for a in answers.values()), answers
+    measured = len(cache.read())
+    native = caps is not None or cpu_has_native_bf16()
+    assert measured == (len(SHAPES) if native else 0), cache.read()
+    if not native:
+        assert {a.pop() for a in answers.values()} == {"fp32"}

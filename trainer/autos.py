@@ -1,0 +1,202 @@
+"""Every `auto` of a run, resolved in one place, stated in one line each, and kept with the run.
+
+- `train.device`: cuda where torch sees a CUDA device, else cpu (trainer/dist.py).
+- `train.precision`: trainer/precision.py's rule, from the GPU's compute capability, or the CPU's
+  flags and a matmul measured once per machine and kept in the machine cache.
+- `train.attention`: trainer/kernels.py's rule, from the device and the precision.
+
+The first start of a run writes what it decided, with the reasons, to RUN/decisions.json. Every
+later start of that run (a restart in place, a Slurm requeue, a resume, a new `train` or
+`submit` into the same run dir, before or after the first checkpoint) takes the recorded values
+and says, in its one line, where this machine alone would pick otherwise. So a run never
+changes precision or kernel halfway because the machine it continues on is another one, or
+because a measurement read otherwise. The device is a fact of the machine and is not kept: a run
+may move from CPUs to GPUs, and then the device's own choices (the attention kernel) are made
+afresh and said so; the precision stays (its checkpoint is in it).
+
+A value set in the config is taken as given (a resumed run's checkpoint still fixes the
+precision: launch/preflight.py refuses another one).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.kernels import resolve_attention
+from trainer.precision import PrecisionChoice, machine_choice, resolve_precision, runs_on
+
+RECORD_VERSION = 1
+KEPT = "as the run's first start decided"
+
+
+class DecisionError(ValueError):
+    """A recorded or saved decision cannot hold on this machine (e.g. fp16 without a GPU)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a key was asked to be, what it is, and why, in a few words."""
+
+    requested: str
+    value: str
+    reason: str
+
+    def line(self, name: str) -> str:
+        return f"{name} {self.requested} -> {self.value}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Record:
+    """RUN/decisions.json: the device it was decided on, and one Decision per key."""
+
+    device: str
+    decisions: dict[str, Decision]
+
+
+def read_record(path: Path) -> Record | None:
+    """The run's recorded decisions; None before its first start. A damaged file is a
+    DecisionError naming it (it is never silently replaced by new decisions)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        decisions = {k: Decision(**v) for k, v in data["decisions"].items()}
+        return Record(str(data["device"]), decisions)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DecisionError(
+            f"{path} is not a record of decisions ({exc}); restore it or delete it to decide anew"
+        ) from None
+
+
+def write_record(path: Path, record: Record, machine: str) -> None:
+    from trainer.run_dir import write_atomic
+
+    data = {
+        "version": RECORD_VERSION,
+        "device": record.device,
+        "machine": machine,
+        "decisions": {k: asdict(v) for k, v in record.decisions.items()},
+    }
+    write_atomic(path, json.dumps(data, indent=1) + "\n")
+
+
+def keep_or_decide(
+    requested: str, recorded: Decision | None, fresh: Callable[[], tuple[str, str]]
+) -> Decision:
+    """One key: the config's value when it sets one; else the recorded `auto` decision (with
+    this machine's own pick named when it differs); else `fresh()`'s (value, reason).
+
+    A config that names the recorded value is the run's own config.yaml (a restart in place, a
+    requeue), which holds the resolved values: that is still the kept `auto` decision."""
+    kept = recorded is not None and recorded.requested == "auto"
+    if requested != "auto" and not (kept and recorded is not None and requested == recorded.value):
+        return Decision(requested, requested, "set in the config")
+    if not kept or recorded is None:
+        value, reason = fresh()
+        return Decision("auto", value, reason)
+    value, reason = fresh()
+    if value == recorded.value:
+        return Decision("auto", recorded.value, f"{recorded.reason} ({KEPT})")
+    return Decision(
+        "auto",
+        recorded.value,
+        f"{KEPT} ({recorded.reason}); this machine alone would pick {value}: {reason}",
+    )
+
+
+def decide_precision(
+    requested: str,
+    recorded: Decision | None,
+    saved: str | None,
+    device_type: str,
+    d_model: int,
+    d_ff: int,
+    choose: Callable[[], PrecisionChoice] | None = None,
+) -> Decision:
+    """`train.precision`: the record first, then the checkpoint's (a run dir from before
+    decisions were recorded), then the machine's rule."""
+    pick = choose or (lambda: machine_choice(device_type, d_model, d_ff))
+    if recorded is None or recorded.requested != "auto":
+        try:
+            choice = resolve_precision(requested, device_type, d_model, d_ff, saved, pick)
+        except ValueError as exc:
+            raise DecisionError(str(exc)) from None
+        return Decision(requested, choice.precision, choice.reason)
+
+    def fresh() -> tuple[str, str]:
+        choice = pick()
+        return choice.precision, choice.reason
+
+    decision = keep_or_decide(requested, recorded, fresh)
+    if not runs_on(decision.value, device_type):
+        raise DecisionError(
+            f"the run trains in {decision.value} ({decision.reason}), which needs a GPU; this "
+            "machine has none (continue it where there is one)"
+        )
+    return decision
+
+
+def decide_attention(
+    requested: str, recorded: Decision | None, device_type: str, precision: str
+) -> Decision:
+    """`train.attention` for the device and precision; kept while the device type is the one
+    it was decided on (the caller passes no record otherwise)."""
+
+    def fresh() -> tuple[str, str]:
+        choice = resolve_attention("auto", device_type, precision)
+        return choice.name, choice.reason
+
+    return keep_or_decide(requested, recorded, fresh)
+
+
+def resolve_all(
+    train: Mapping[str, Any],
+    device_type: str,
+    d_model: int,
+    d_ff: int,
+    record: Record | None,
+    saved_precision: str | None,
+    choose_precision: Callable[[], PrecisionChoice] | None = None,
+) -> Record:
+    """Every decision of a start, from the config's `train` values, the run's record and the
+    checkpoint's precision. Raises DecisionError when the run cannot continue here."""
+    recorded = record.decisions if record else {}
+    device_reason = "torch sees a CUDA device" if device_type == "cuda" else "no CUDA device"
+    device = Decision(
+        str(train["device"]),
+        device_type,
+        device_reason if train["device"] == "auto" else "set in the config",
+    )
+    precision = decide_precision(
+        str(train["precision"]), recorded.get("precision"), saved_precision, device_type,
+        d_model, d_ff, choose_precision,
+    )  # fmt: skip
+    same_device = record is not None and record.device == device_type
+    attention = decide_attention(
+        str(train["attention"]),
+        recorded.get("attention") if same_device else None,
+        device_type,
+        precision.value,
+    )
+    if record is not None and not same_device and train["attention"] == "auto":
+        attention = Decision(
+            "auto",
+            attention.value,
+            f"{attention.reason} (decided afresh: the run moved from {record.device} to "
+            f"{device_type})",
+        )
+    return Record(device_type, {"device": device, "precision": precision, "attention": attention})
+
+
+def lines(record: Record) -> list[str]:
+    """The start's lines: one per key that was `auto` (set values need no explanation)."""
+    return [d.line(k) for k, d in record.decisions.items() if d.requested == "auto"]
+
+
+def values(record: Record) -> dict[str, str]:
+    """The `train.<key>` values the run trains with (the device is the DistEnv's)."""
+    return {k: d.value for k, d in record.decisions.items() if k != "device"}
