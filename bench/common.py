@@ -93,7 +93,7 @@ def open_job(
     env = init_distributed(device)
     vocab = job.model.vocab_size or job.data.vocab_size
     model_cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
-    precision = agree_on_precision(job, env, model_cfg, None).precision if settle else None
+    precision = agree_on_precision(job, env, model_cfg).precision if settle else None
     if precision and precision != job.train.precision:
         job = dataclasses.replace(job, train=dataclasses.replace(job.train, precision=precision))
     return job, env, model_cfg

@@ -1,5 +1,5 @@
 """The big model on one GPU at the paper's batch: tokens/s, MFU and peak memory of the training
-step in bf16, ZeRO 1 and 2, with and without torch.compile.
+step in bf16, ZeRO 1 and 2, with and without torch.compile, and with `train.deterministic`.
 
 Each configuration runs in a process of its own (so that one engine's memory never counts in
 the next one's peak), none started after `budget_s` (GPU_BENCH_BUDGET_S, else 400 s); one that
@@ -38,7 +38,7 @@ from bench.common import (
 from data_pipeline.batching import Batch, Sample, collate, plan_batches, round_up
 from data_pipeline.tokenizer import EOS_ID
 from model.config import ModelConfig
-from trainer.ds.engine import PRECISION_DTYPES, build_engine, seed_everything
+from trainer.ds.engine import PRECISION_DTYPES, build_engine, make_deterministic, seed_everything
 from trainer.flops import peak_flops
 from trainer.metrics import host_rss_gb
 from trainer.step import batch_flops, train_step
@@ -175,6 +175,8 @@ def configuration(fields: Sequence[Any], lengths: str, overrides: Sequence[str])
     `Size` of `fields` (a JSON list in its own process)."""
     size = Size(*fields)
     job, env, cfg = open_job(size.config, overrides, size.device, settle=False)
+    if job.train.deterministic:
+        make_deterministic()  # before the first matmul: cuBLAS reads its workspace setting then
     vocab, warmup, steps = cfg.vocab_size, size.warmup, size.steps
     seed_everything(1)
     engine = build_engine(job, cfg, env)
@@ -199,10 +201,12 @@ def configuration(fields: Sequence[Any], lengths: str, overrides: Sequence[str])
     compiled = bool(getattr(job.train, "compile", False))
     name = f"ZeRO {job.train.zero_stage}, compile {'yes' if compiled else 'no'}"
     name += "" if lengths == "fixed" else f", {lengths} lengths"
+    name += ", deterministic" if job.train.deterministic else ""
     case = {
         "zero": job.train.zero_stage,
         "compile": compiled,
         "lengths": lengths,
+        "deterministic": job.train.deterministic,
         "precision": precision,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "params": sum(p.numel() for p in engine.module.parameters()),
@@ -220,10 +224,13 @@ def configuration(fields: Sequence[Any], lengths: str, overrides: Sequence[str])
     return [row(f"{name}: {figure}", value, unit, **case) for figure, value, unit in figures]
 
 
-# (ZeRO stage, torch.compile, lengths), the most telling first; at smoke size none compiled
-# (on a CPU a compile is a minute; tests/integration/test_engine_options.py trains compiled)
-CONFIGS = ((1, False, "fixed"), (1, False, "wmt14"), (1, True, "fixed"), (2, False, "fixed"),
-           (2, True, "fixed"))  # fmt: skip
+# (ZeRO stage, torch.compile, lengths, train.deterministic), the most telling first; at smoke
+# size none compiled (on a CPU a compile is a minute; tests/integration/test_engine_options.py
+# trains compiled). The deterministic one prices `train.deterministic` against the first.
+CONFIGS = (
+    (1, False, "fixed", False), (1, False, "wmt14", False), (1, True, "fixed", False),
+    (1, False, "fixed", True), (2, False, "fixed", False), (2, True, "fixed", False),
+)  # fmt: skip
 SMOKE_CONFIGS = tuple(c for c in CONFIGS if not c[1])
 
 
@@ -239,13 +246,15 @@ def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> l
         size, extra, limits, configs = FULL, [], (90, 240), CONFIGS
         env, budget_s = {}, budget_s or float(os.environ.get("GPU_BENCH_BUDGET_S", 400))
     start, rows, done = time.monotonic(), list[Row](), 0
-    for i, (zero, compile_, lengths) in enumerate(configs):
+    for i, (zero, compile_, lengths, deterministic) in enumerate(configs):
         name = f"ZeRO {zero}, compile {compile_}, {lengths} lengths"
+        name += ", deterministic" if deterministic else ""
         if time.monotonic() - start > budget_s:
             print(f"== {name}: not started ({time.monotonic() - start:.0f} s elapsed)", flush=True)
             continue
         over = [*extra, "train.grad_accum=1", "train.precision=bf16", f"train.zero_stage={zero}",
-                f"train.compile={str(compile_).lower()}"]  # fmt: skip
+                f"train.compile={str(compile_).lower()}",
+                f"train.deterministic={str(deterministic).lower()}"]  # fmt: skip
         kwargs = {"fields": size, "lengths": lengths, "overrides": over}
         try:
             found = in_fresh_process("gpu:configuration", kwargs, work / f"{i}.log", env,

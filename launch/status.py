@@ -35,6 +35,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         if path.is_file():
             status[f"{split}_eval"] = json.loads(path.read_text())
     status["precision"] = run_precision(run)
+    status["decisions"] = run_decisions(run)
     status["slurm"] = slurm_status(run_dir)
     return status
 
@@ -50,6 +51,27 @@ def run_precision(run: RunDir) -> str | None:
         return str(OmegaConf.load(run.config).train.precision)
     except Exception:  # a config of another version or a damaged file: leave the line out
         return None
+
+
+def run_decisions(run: RunDir) -> dict[str, dict[str, str]] | None:
+    """Every `auto` as the run's first start decided it (RUN/decisions.json), if recorded."""
+    from trainer.autos import DecisionError, read_record
+
+    try:
+        record = read_record(run.decisions)
+    except DecisionError:
+        return None
+    if record is None:
+        return None
+    return {k: {"requested": d.requested, "value": d.value} for k, d in record.decisions.items()}
+
+
+def format_decisions(decisions: dict[str, dict[str, str]]) -> str:
+    """'device cpu (auto), precision fp32 (auto), attention flash (set)'."""
+    return ", ".join(
+        f"{k} {d['value']} ({'auto' if d['requested'] == 'auto' else 'set'})"
+        for k, d in decisions.items()
+    )
 
 
 def slurm_status(run_dir: Path) -> dict[str, Any] | None:
@@ -77,11 +99,13 @@ def format_status(status: dict[str, Any]) -> str:
     def num(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
+    decided = format_decisions(status["decisions"]) if status.get("decisions") else "-"
     lines = [
         f"run dir          {status['run_dir']}",
         f"last step        {num(status['last_step'], 'd')}",
         f"last checkpoint  {status['last_checkpoint'] or '-'}",
         f"precision        {status.get('precision') or '-'}",
+        f"decided          {decided}",
         f"train loss       {num(status['first_loss'], '.3f')} (first) -> "
         f"{num(status['loss'], '.3f')} (last)",
         f"tokens/s         {num(status['tokens_per_s'], ',.0f')}",

@@ -56,16 +56,17 @@ def with_train(job: Job, resolved: dict[str, Any], **changes: Any) -> tuple[Job,
 
 
 def agree_on_decisions(
-    job: Job, env: DistEnv, model_cfg: ModelConfig, run: RunDir, saved: str | None
+    job: Job, env: DistEnv, model_cfg: ModelConfig, run: RunDir | None, saved: str | None
 ) -> autos.Record:
     """Every `auto` (trainer/autos.py), decided on rank 0 and handed to every rank so that all
-    train alike; rank 0 states each in one line and records them in RUN/decisions.json."""
+    train alike; rank 0 states each in one line and records them in RUN/decisions.json (`run`
+    None: a bench's or calibration's engine, which has no run dir)."""
     answer: list[Any] = [None, None]
     if env.is_main:
         try:
             record = autos.resolve_all(
                 vars(job.train), env.device.type, model_cfg.d_model, model_cfg.d_ff,
-                autos.read_record(run.decisions), saved,
+                autos.read_record(run.decisions) if run else None, saved,
             )  # fmt: skip
             answer = [record, None]
             for line in autos.lines(record):
@@ -74,13 +75,21 @@ def agree_on_decisions(
                 warning = slow_bf16_warning(env.device.type, model_cfg.d_model, model_cfg.d_ff)
                 if warning:
                     stderr_warn(warning)
-            autos.write_record(run.decisions, record, machine_key())
+            if run is not None:
+                autos.write_record(run.decisions, record, machine_key())
         except autos.DecisionError as exc:
             answer = [None, str(exc)]
     dist.broadcast_object_list(answer, src=0)
     if answer[1] is not None:
         raise PrecisionError(answer[1])
     return answer[0]
+
+
+def agree_on_precision(job: Job, env: DistEnv, model_cfg: ModelConfig) -> PrecisionChoice:
+    """`train.precision` as a new run on this machine settles it, for an engine without a run
+    dir (benches, `paperscale calibrate`)."""
+    decision = agree_on_decisions(job, env, model_cfg, None, None).decisions["precision"]
+    return PrecisionChoice(decision.value, decision.reason)
 
 
 def world_size_accumulation(run: RunDir, tag: str, env: DistEnv) -> int:

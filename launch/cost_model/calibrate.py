@@ -63,7 +63,7 @@ class Rank:
     def __init__(self, job: Any, cfg: ModelConfig, device: str, clock: str) -> None:
         self.clock = time.process_time if clock == "cpu" else time.perf_counter
         self.env = init_distributed(device)
-        choice = agree_on_precision(job, self.env, cfg, None)  # auto as a run settles it
+        choice = agree_on_precision(job, self.env, cfg)  # auto as a run settles it
         train = dataclasses.replace(job.train, precision=choice.precision)
         self.job = dataclasses.replace(job, train=train)
         self.cfg = cfg

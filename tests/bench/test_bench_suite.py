@@ -40,20 +40,29 @@ MACHINE = {
 
 
 def _gpu_configurations(outcome: suite.Outcome) -> None:
-    """bench gpu --smoke: ZeRO 1 and 2 on unpadded batches and ZeRO 1 on WMT14-like lengths
-    through the batcher train on CPU through the trainer's engine and step, each in its own
-    process; the rows have one set per configuration with positive tokens/s and step time, a
-    loss in (0, 10) and padding only in the WMT14-like one."""
+    """bench gpu --smoke: ZeRO 1 and 2 on unpadded batches, ZeRO 1 on WMT14-like lengths
+    through the batcher and ZeRO 1 with train.deterministic train on CPU through the trainer's
+    engine and step, each in its own process; the rows have one set per configuration with
+    positive tokens/s and step time, a loss in (0, 10), padding only in the WMT14-like one, and
+    the deterministic one's loss that of the first (the CPU computes alike either way)."""
     *rows, finished = outcome.rows
-    assert (finished["figure"], finished["value"]) == ("configurations finished", 3)
-    figures = {(r["zero"], r["compile"], r["lengths"], r["unit"]): r["value"] for r in rows}
-    cases = sorted({key[:3] for key in figures})
-    assert cases == [(1, False, "fixed"), (1, False, "wmt14"), (2, False, "fixed")]
+    assert (finished["figure"], finished["value"]) == ("configurations finished", 4)
+    figures = {
+        (r["zero"], r["compile"], r["lengths"], r["deterministic"], r["unit"]): r["value"]
+        for r in rows
+    }
+    cases = sorted({key[:4] for key in figures})
+    assert cases == [
+        (1, False, "fixed", False), (1, False, "fixed", True), (1, False, "wmt14", False),
+        (2, False, "fixed", False),
+    ]  # fmt: skip
     for case in cases:
         assert figures[(*case, "tokens/s")] > 0
         assert figures[(*case, "s")] > 0
         assert 0 < figures[(*case, "loss")] < 10  # ~ln(64) at the start
         assert (figures[(*case, "%")] > 0) == (case[2] == "wmt14")
+    plain, strict = (1, False, "fixed", False), (1, False, "fixed", True)
+    assert figures[(*strict, "loss")] == figures[(*plain, "loss")]
 
 
 def _zero_memory_within_plan(outcome: suite.Outcome) -> None:

@@ -182,3 +182,21 @@ def test_a_cuda_run_profiles_saves_in_the_background_and_resumes_to_the_sample(
     a, b = losses(straight), losses(resumed)
     assert sorted(a) == sorted(b) == list(range(1, 9))
     assert [a[s] for s in sorted(a)] == [b[s] for s in sorted(b)], (a, b)  # bitwise
+
+
+def test_two_deterministic_cuda_runs_give_bitwise_equal_losses(
+    synthetic_data: Path, tmp_path: Path
+) -> None:
+    """CPU twin: tests/integration/test_reproducible.py (runs idle, loaded and with
+    train.deterministic, bitwise). Here two runs with `train.deterministic=true` on the GPU, every
+    other `auto` left to the machine: the same decisions and the same loss at every step."""
+    from tests.integration.conftest import assert_same_decisions
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for run in (first, second):
+        log = train_on_cuda(run, synthetic_data, 6, tmp_path, "train.deterministic=true")
+        assert "attention auto -> " in log, log[-2000:]
+    assert_same_decisions(second, first)
+    a, b = losses(first), losses(second)
+    assert sorted(a) == list(range(1, 7))
+    assert [a[s] for s in sorted(a)] == [b[s] for s in sorted(b)], (a, b)  # bitwise

@@ -76,6 +76,9 @@ def test_resume_keeps_the_checkpoints_precision(
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
     status = paperscale("status", str(run), cwd=tmp_path)
     assert status.returncode == 0 and f"precision        {picked}" in status.stdout
+    assert f"decided          device cpu (auto), precision {picked} (auto), attention " in (
+        status.stdout
+    )
 
 
 def test_a_start_before_any_checkpoint_keeps_the_first_starts_decision(
