@@ -7,6 +7,7 @@ context keys (a ZeRO stage, a world size) say which case it measured.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,19 @@ CPU_ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_SILENT": "tru
 CLI = (sys.executable, "-m", "launch.cli")
 # a training run that writes only metrics.jsonl (and its summary) besides checkpoints
 QUIET_SINKS = ("logging.wandb=disabled", "logging.tensorboard=false", "logging.report=false")
+
+
+@contextlib.contextmanager
+def busy_processes(count: int = 4) -> Iterator[list[int]]:
+    """`count` Python processes spinning on the cores until the block ends (each ended by its
+    pid): the load under which a bench or a test shows what holds on a busy machine."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

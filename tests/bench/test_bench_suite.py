@@ -65,6 +65,15 @@ def _gpu_configurations(outcome: suite.Outcome) -> None:
     assert figures[(*strict, "loss")] == figures[(*plain, "loss")]
 
 
+def _decisions_one_answer(outcome: suite.Outcome) -> None:
+    """bench decisions --smoke: the suite's shape idle and loaded, a measured ratio each, and
+    one answer from the cached resolutions, with native flags claimed and with this CPU's."""
+    cached = [r for r in outcome.rows if "cached resolutions" in r["figure"]]
+    assert len(cached) == 4 and all(r["value"] == 1 for r in cached), cached
+    ratios = [r["value"] for r in outcome.rows if r["unit"] == "x"]
+    assert len(ratios) == 4 and all(0 < x < 1000 for x in ratios), ratios
+
+
 def _zero_memory_within_plan(outcome: suite.Outcome) -> None:
     """The planner's per-rank model-state memory against what real DeepSpeed engines allocate:
     one torchrun per world size (1 and 2 CPU ranks) builds the real engine for ZeRO 0-3; the
@@ -202,6 +211,7 @@ CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
     "preemption": _preemption_within_grace,
     "peer_fairseq": _peer_paperscale_side,
     "gpu": _gpu_configurations,
+    "decisions": _decisions_one_answer,
     "zero_memory": _zero_memory_within_plan,
     "decode": _decode_cache_same_work,
     "synthetic_task": _synthetic_task_learnt,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.busy import busy_processes
+from bench.common import busy_processes
 from tests.integration.conftest import TINY_MODEL, assert_same_decisions, decided, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.busy import busy_processes
+from bench.common import busy_processes
 from trainer import autos
 from trainer.autos import Decision, Record
 from trainer.machine_cache import MachineCache
