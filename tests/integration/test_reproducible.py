@@ -1,6 +1,7 @@
 """Two runs of one config, seed and data on one machine give bitwise-equal losses: 2 ranks,
 ZeRO 2, accumulation, dropout, every `auto` left to the machine, idle or beside four busy
-processes, and with `train.deterministic` (the CPU twin of the CUDA setting)."""
+processes, and with `train.deterministic` (the CPU twin of the CUDA setting); one rank on two
+threads, idle or loaded."""
 
 from __future__ import annotations
 
@@ -17,16 +18,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 STEPS = 6
 
 
-def train(run_dir: Path, data: Path, cwd: Path, *extra: str) -> str:
+def train(
+    run_dir: Path, data: Path, cwd: Path, *extra: str, nproc: int = 2, threads: int = 1
+) -> str:
     proc = paperscale(
-        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "2",
+        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", str(nproc),
         "--run-dir", str(run_dir), f"data.dir={data}", *TINY_MODEL,
         "train.grad_accum=2", "train.zero_stage=2", "train.precision=auto",
         "train.attention=auto", "train.log_every=1", "train.eval_every=0",
         "train.save_every=0", "train.bleu_samples=4", "train.bleu_beam=1",
         "logging.wandb=disabled", "logging.tensorboard=false", f"train.max_steps={STEPS}",
         *extra,
-        cwd=cwd,
+        cwd=cwd, env={"OMP_NUM_THREADS": str(threads)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
@@ -54,3 +57,14 @@ def test_runs_idle_loaded_and_deterministic_give_the_same_losses(
         assert_same_decisions(run, idle)
         assert losses(run) == reference, run.name  # bitwise
     assert set(decided(idle)) == {"device", "precision", "attention"}
+
+
+def test_one_rank_on_two_threads_idle_and_loaded_gives_the_same_losses(
+    synthetic_data: Path, tmp_path: Path
+) -> None:
+    idle, loaded = tmp_path / "idle", tmp_path / "loaded"
+    train(idle, synthetic_data, tmp_path, nproc=1, threads=2)
+    with busy_processes(4):
+        train(loaded, synthetic_data, tmp_path, nproc=1, threads=2)
+    assert_same_decisions(loaded, idle)
+    assert len(losses(idle)) == STEPS and losses(loaded) == losses(idle)  # bitwise
