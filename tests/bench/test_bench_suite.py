@@ -74,6 +74,14 @@ def _decisions_one_answer(outcome: suite.Outcome) -> None:
     assert len(ratios) == 4 and all(0 < x < 1000 for x in ratios), ratios
 
 
+def _feed_both_ranks(outcome: suite.Outcome) -> None:
+    """bench feed --smoke: both consumers took batches and report their waits."""
+    for rank in (0, 1):
+        mine = {r["unit"]: r["value"] for r in outcome.rows if r["rank"] == rank}
+        assert mine["tokens/s"] > 0 and 0 <= mine["%"] <= 100, mine
+        assert mine["ms"] >= 0 and mine["s"] > 0, mine
+
+
 def _zero_memory_within_plan(outcome: suite.Outcome) -> None:
     """The planner's per-rank model-state memory against what real DeepSpeed engines allocate:
     one torchrun per world size (1 and 2 CPU ranks) builds the real engine for ZeRO 0-3; the
@@ -212,6 +220,7 @@ CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
     "peer_fairseq": _peer_paperscale_side,
     "gpu": _gpu_configurations,
     "decisions": _decisions_one_answer,
+    "feed": _feed_both_ranks,
     "zero_memory": _zero_memory_within_plan,
     "decode": _decode_cache_same_work,
     "synthetic_task": _synthetic_task_learnt,
