@@ -177,8 +177,9 @@ def plan_batches(
     return batches
 
 
-def collate(samples: Sequence[Sample], pad_multiple: int) -> Batch:
-    """Pad a list of samples into a :class:`Batch` (lengths rounded up to ``pad_multiple``)."""
+def collate(samples: Sequence[Sample], pad_multiple: int, text: bool = True) -> Batch:
+    """Pad a list of samples into a :class:`Batch` (lengths rounded up to ``pad_multiple``);
+    without `text` the batch's text lists stay empty (training batches carry ids only)."""
     b = len(samples)
     s_len = round_up(max(x.src_len for x in samples), pad_multiple)
     t_len = round_up(max(x.tgt_len for x in samples), pad_multiple)
@@ -197,8 +198,8 @@ def collate(samples: Sequence[Sample], pad_multiple: int) -> Batch:
         tgt_in=torch.from_numpy(tgt_in),
         tgt_out=torch.from_numpy(tgt_out),
         keys=[x.key for x in samples],
-        src_text=[x.src_text for x in samples],
-        tgt_text=[x.tgt_text for x in samples],
+        src_text=[x.src_text for x in samples] if text else [],
+        tgt_text=[x.tgt_text for x in samples] if text else [],
         n_src_tokens=sum(x.src_len for x in samples),
         n_tgt_tokens=sum(x.tgt_len for x in samples),
     )

@@ -18,6 +18,9 @@ class DataConfig:
     shuffle_buffer: int = 100_000  # samples per window (bucketing + shuffle); ~1 KB each
     bucket_width: int = 1  # length buckets of this many tokens (1 = sort by exact lengths)
     num_workers: int = 1  # loader worker processes per rank
+    # shuffle windows each worker reads, decodes and cuts ahead (a thread) while it hands out
+    # the current one's batches; 0: each window when its turn comes (the consumer waits then)
+    read_ahead: int = 1
     seed: int = 1
 
     def problems(self) -> list[tuple[str, str]]:
@@ -30,7 +33,7 @@ class DataConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 out.append((key, f"must be a positive integer, got {value!r}"))
-        for key in ("shuffle_buffer", "num_workers"):
+        for key in ("shuffle_buffer", "num_workers", "read_ahead"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 out.append((key, f"must be a non-negative integer, got {value!r}"))

@@ -82,7 +82,8 @@ class TokenBatchStream:
     the last batch the consumer received; :meth:`merge_state_dicts` carries it over to
     another world size (or worker count).  ``pin_memory`` hands out batches in page-locked
     memory (set it on CUDA after ``torch.cuda.set_device``, so ``to(non_blocking=True)``
-    overlaps the copy).
+    overlaps the copy). ``text``: batches carry their samples' text (default: on every split
+    but ``train``, whose batches carry ids, lengths and keys only).
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class TokenBatchStream:
         epochs: int | None = None,
         start_epoch: int = 0,
         pin_memory: bool = False,
+        text: bool | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
@@ -118,6 +120,7 @@ class TokenBatchStream:
         self.epochs = epochs
         self.start_epoch = start_epoch
         self.pin_memory = pin_memory
+        self.text = split != "train" if text is None else text
         self.num_workers = max(1, cfg.num_workers)  # logical producers per rank
         shards = self.manifest["splits"][split]["shards"]
         self.n_shards = len(shards)
@@ -156,6 +159,8 @@ class TokenBatchStream:
             ),
             slot0=self.rank * self.num_workers,
             end_epoch=None if epochs is None else self.start_epoch + epochs,
+            text=self.text,
+            read_ahead=cfg.read_ahead,
         )
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import select
 import signal
 import threading
@@ -32,7 +33,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from data_pipeline.batching import Batch, Sample, collate, plan_batches
 from data_pipeline.dealing import Dealing, Unit, unit_key
-from data_pipeline.position import Counters, EpochProgress, Progress, WorkerPosition
+from data_pipeline.position import Counters, Progress, WorkerPosition
 from data_pipeline.shards import RawSample, ShardReadError, decode_sample, iter_shard
 
 log = logging.getLogger("data_pipeline.loader")
@@ -154,6 +155,8 @@ class ProducerContext:
     slot0: int  # first slot of this rank: rank * workers
     end_epoch: int | None  # exclusive; None = endless
     base: Progress = field(default_factory=dict)  # merged progress of a world-size change
+    text: bool = True  # samples carry their text (BLEU, `translate`); training needs ids only
+    read_ahead: int = 1  # windows read and cut ahead by a thread; 0: each when its turn comes
 
 
 @dataclass
@@ -178,7 +181,7 @@ def read_unit(
     try:
         # Unit sample number k is raw sample `first + k * stride`: seek up to number `start`.
         path = Path(ctx.data_dir) / shard["name"]
-        for raw in iter_shard(path, skip_before=span.first + start * span.stride):
+        for raw in iter_shard(path, skip_before=span.first + start * span.stride, text=ctx.text):
             if raw.index < span.first or (raw.index - span.first) % span.stride:
                 continue
             k += 1
@@ -213,13 +216,9 @@ def decode_window(
         except ValueError:
             pending.samples_skipped_corrupt += int(count)
             continue
-        sample = Sample(
-            raw.key,
-            src,
-            tgt,
-            raw.parts.get("src.txt", b"").decode("utf-8", "replace"),
-            raw.parts.get("tgt.txt", b"").decode("utf-8", "replace"),
-        )
+        src_text = raw.parts.get("src.txt", b"").decode("utf-8", "replace") if ctx.text else ""
+        tgt_text = raw.parts.get("tgt.txt", b"").decode("utf-8", "replace") if ctx.text else ""
+        sample = Sample(raw.key, src, tgt, src_text, tgt_text)
         if ctx.skip_long and max(sample.src_len, sample.tgt_len) > ctx.max_len:
             pending.samples_skipped_long += int(count)
             continue
@@ -242,6 +241,116 @@ def window_batches(
     )
 
 
+@dataclass
+class Window:
+    """One window of a unit, read, decoded and cut into batches: what the producer hands out
+    batch by batch. `skip` batches of it were delivered before a resume; its counts of
+    skipped samples and its damage count only where `skip` is 0 (else they were counted when
+    the window was first built)."""
+
+    epoch: int
+    unit_index: int
+    ws: int  # sample offset of the window in its unit
+    n_raw: int  # samples read (the next window starts n_raw further on)
+    samples: list[Sample]
+    groups: list[list[int]]  # batches, as indices into `samples`
+    skip: int
+    pending: Counters  # malformed and too-long samples of this window
+    damage: Damage  # what the unit's damaged shard lost, on the unit's last window
+
+
+@dataclass(frozen=True)
+class UnitEnd:
+    """The slot finished a unit of its plan."""
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """The slot finished its plan of an epoch."""
+
+
+Event = Window | UnitEnd | EpochEnd
+
+
+def slot_windows(ctx: ProducerContext, slot: int, start: WorkerPosition) -> Iterator[Event]:
+    """Every window of the slot from position `start` on, in order, with the ends of units and
+    epochs between them: a pure function of its arguments, so that it can run ahead of the
+    batches being handed out (in a thread: `read_ahead`)."""
+    epoch, unit_index, resuming = start.epoch, start.unit_index, start.started
+    while ctx.end_epoch is None or epoch < ctx.end_epoch:
+        base = ctx.base.get(epoch)
+        plan = ctx.dealing.slot_plan(slot, epoch, base.done if base else frozenset())
+        while unit_index < len(plan):
+            u = plan[unit_index]
+            if resuming:
+                ws0, skip = start.window_start, start.batches_done
+            else:
+                ws0, skip = (base.partial if base else {}).get(unit_key(u), (0, 0))
+            resuming = False
+            damage = Damage()
+            for ws, raws in read_unit(ctx, u, ws0, damage):
+                pending = Counters()
+                samples = decode_window(ctx, raws, pending, True)
+                groups = window_batches(ctx, samples, epoch, u, ws)
+                found = Damage(damage.shard, damage.lost, damage.error)
+                yield Window(
+                    epoch, unit_index, ws, len(raws), samples, groups, skip, pending, found
+                )
+                skip = 0
+            yield UnitEnd()
+            unit_index += 1
+        yield EpochEnd()
+        epoch, unit_index = epoch + 1, 0
+
+
+class ReadAhead:
+    """Runs `events` in a thread, at most `windows` windows ahead of the one being handed out:
+    the next window is read, decoded and cut while the current one's batches go out, so that a
+    worker's lead at a window boundary is a window, not the DataLoader's two batches. An error
+    in the thread is raised where the events are taken; `close` ends the thread."""
+
+    def __init__(self, events: Iterator[Event], windows: int) -> None:
+        self._events = events
+        # the window being handed out, and `windows` more built ahead of it
+        self._room = threading.Semaphore(windows + 1)
+        self._queue: queue.SimpleQueue[tuple[Event | None, BaseException | None]] = (
+            queue.SimpleQueue()
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="read-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                while not self._room.acquire(timeout=0.1):  # a window handed out frees room
+                    if self._stop.is_set():
+                        return
+                event = next(self._events, None)
+                while isinstance(event, (UnitEnd, EpochEnd)):  # no room taken by these
+                    self._queue.put((event, None))
+                    event = next(self._events, None)
+                self._queue.put((event, None))
+                if event is None:
+                    return
+        except BaseException as exc:
+            self._queue.put((None, exc))
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            event, error = self._queue.get()
+            if error is not None:
+                raise error
+            if event is None:
+                return
+            yield event
+            if isinstance(event, Window):
+                self._room.release()  # its batches are out: the thread may build one more
+
+    def close(self) -> None:
+        self._stop.set()
+
+
 class _Producer:
     """One slot's producer from a position on; `items()` yields what the module describes."""
 
@@ -256,50 +365,58 @@ class _Producer:
 
     def items(self) -> Iterator[Item]:
         ctx, pos = self.ctx, self.pos
-        while ctx.end_epoch is None or pos.epoch < ctx.end_epoch:
-            epoch, base = pos.epoch, ctx.base.get(pos.epoch)
-            done = base.done if base else frozenset()
-            plan = ctx.dealing.slot_plan(self.slot, epoch, done)
-            fresh = pos.unit_index == 0 and not pos.started  # a whole epoch ahead
-            produced = 0
-            while pos.unit_index < len(plan):
-                for item in self.unit_items(plan[pos.unit_index], base):
+        events: Iterator[Event] = slot_windows(ctx, self.slot, pos)
+        ahead = ReadAhead(events, ctx.read_ahead) if ctx.read_ahead > 0 else None
+        try:
+            yield from self._from_events(iter(ahead) if ahead else events)
+        finally:
+            if ahead:
+                ahead.close()
+
+    def _from_events(self, events: Iterator[Event]) -> Iterator[Item]:
+        ctx, pos = self.ctx, self.pos
+        fresh = pos.unit_index == 0 and not pos.started  # a whole epoch ahead
+        produced = 0
+        for event in events:
+            if isinstance(event, Window):
+                for item in self.window_items(event):
                     produced += 1
                     yield item
+            elif isinstance(event, UnitEnd):
                 pos.next_unit()
-            pos.next_epoch()
-            if ctx.end_epoch is None and fresh and base is None and produced == 0:
-                # Endless and a whole epoch gave nothing (e.g. every pair too long): stop.
-                log.warning("data %s: slot %d produced no batch in epoch %d; stopping it",
-                            ctx.split, self.slot, epoch)  # fmt: skip
-                break
+            else:
+                epoch = pos.epoch
+                pos.next_epoch()
+                if ctx.end_epoch is None and fresh and ctx.base.get(epoch) is None and not produced:
+                    # Endless and a whole epoch gave nothing (e.g. every pair too long): stop.
+                    log.warning("data %s: slot %d produced no batch in epoch %d; stopping it",
+                                ctx.split, self.slot, epoch)  # fmt: skip
+                    break
+                fresh, produced = True, 0
         self.flush()
         yield Item(self.worker, pos.copy(), None)
 
-    def unit_items(self, u: Unit, base: EpochProgress | None) -> Iterator[Item]:
-        """The batches of unit `u` from the position on (or from the merged progress)."""
+    def window_items(self, w: Window) -> Iterator[Item]:
+        """The batches of window `w` from the position on."""
         ctx, pos = self.ctx, self.pos
         if not pos.started:
-            partial = base.partial if base else {}
-            pos.window_start, pos.batches_done = partial.get(unit_key(u), (0, 0))
-        damage = Damage()
-        for ws, raws in read_unit(ctx, u, pos.window_start, damage):
-            count = pos.batches_done == 0  # else counted when this window was first built
-            samples = decode_window(ctx, raws, self.pending, count)
-            if damage.shard and count:
-                self.pending.samples_skipped_corrupt += damage.lost
-                self.pending.bad_shards.append(damage.shard)
-                log.warning("data %s: skipping the rest of %s (%d samples lost)",
-                            ctx.split, damage.error, damage.lost)  # fmt: skip
-            groups = window_batches(ctx, samples, pos.epoch, u, ws)
-            for j in range(pos.batches_done, len(groups)):
-                batch = collate([samples[i] for i in groups[j]], ctx.pad_multiple)
-                self.flush()
-                pos.counters.samples_seen += len(batch)
-                pos.counters.batches += 1
-                pos.window_start, pos.batches_done = ws, j + 1
-                yield Item(self.worker, pos.copy(), batch)
-            pos.window_start, pos.batches_done = ws + len(raws), 0
+            pos.window_start, pos.batches_done = w.ws, w.skip
+        count = w.skip == 0  # else counted when this window was first built
+        if count:
+            self.pending.add(w.pending)
+        if w.damage.shard and count:
+            self.pending.samples_skipped_corrupt += w.damage.lost
+            self.pending.bad_shards.append(w.damage.shard)
+            log.warning("data %s: skipping the rest of %s (%d samples lost)",
+                        ctx.split, w.damage.error, w.damage.lost)  # fmt: skip
+        for j in range(w.skip, len(w.groups)):
+            batch = collate([w.samples[i] for i in w.groups[j]], ctx.pad_multiple, ctx.text)
+            self.flush()
+            pos.counters.samples_seen += len(batch)
+            pos.counters.batches += 1
+            pos.window_start, pos.batches_done = w.ws, j + 1
+            yield Item(self.worker, pos.copy(), batch)
+        pos.window_start, pos.batches_done = w.ws + w.n_raw, 0
 
 
 def produce(ctx: ProducerContext, worker: int, slot: int, pos: WorkerPosition) -> Iterator[Item]:

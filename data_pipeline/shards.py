@@ -36,6 +36,7 @@ import numpy as np
 from data_pipeline.tokenizer import EOS_ID
 
 PARTS = ("src.ids", "tgt.ids", "src.txt", "tgt.txt")  # members of every sample
+TEXT_SUFFIX = ".txt"  # the text members, which only BLEU and `translate` read
 BLOCK = 512  # tar block: every header, and every member's data padded to a multiple
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
@@ -266,7 +267,7 @@ def _open_shard(path: Path) -> BinaryIO:
     return open(path, "rb", buffering=1 << 20)
 
 
-def iter_shard(path: Path, skip_before: int = 0) -> Iterator[RawSample]:
+def iter_shard(path: Path, skip_before: int = 0, text: bool = True) -> Iterator[RawSample]:
     """Samples of a tar shard in file order, grouped by key (``RawSample.index`` counts them).
 
     Samples with ``index < skip_before`` come with empty ``parts``: their bytes are not read
@@ -274,6 +275,8 @@ def iter_shard(path: Path, skip_before: int = 0) -> Iterator[RawSample]:
     :class:`ShardReadError` when the shard is missing or damaged part-way (the complete samples
     before the damage have been yielded; the one being read is lost).  A tar truncated exactly
     between members ends silently, which is why callers compare the count with the manifest.
+    Without `text` the text members are seeked over, not read: such a sample's ``parts`` hold
+    them as empty bytes (present, as a sample cut before them would not have them).
     """
     index = 0
     key: str | None = None
@@ -281,6 +284,8 @@ def iter_shard(path: Path, skip_before: int = 0) -> Iterator[RawSample]:
 
     def want(name: str) -> bool:
         # The member belongs to sample `index`, or starts sample `index + 1`.
+        if not text and name.endswith(TEXT_SUFFIX):
+            return False
         k = name.rsplit("/", 1)[-1].split(".", 1)[0]
         return (index if k == key or key is None else index + 1) >= skip_before
 
@@ -298,6 +303,8 @@ def iter_shard(path: Path, skip_before: int = 0) -> Iterator[RawSample]:
                     key, parts = k, {}
                 if data is not None:
                     parts[ext] = data
+                elif not text and ext.endswith(TEXT_SUFFIX) and index >= skip_before:
+                    parts[ext] = b""  # there, not read
     except (OSError, ValueError, EOFError, zlib.error) as exc:  # EOFError: gzip cut short
         raise ShardReadError(f"{Path(path).name}: {exc}") from None
     if key is not None:

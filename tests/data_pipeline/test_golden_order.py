@@ -48,10 +48,10 @@ def seeded_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def config(workers: int) -> DataConfig:
+def config(workers: int, read_ahead: int) -> DataConfig:
     return DataConfig(
         max_tokens=512, max_len=64, shuffle_buffer=150, num_workers=workers, bucket_width=8,
-        pad_multiple=8,
+        pad_multiple=8, read_ahead=read_ahead,
     )  # fmt: skip
 
 
@@ -94,25 +94,25 @@ GOLDEN = {  # recorded from the loader before read-ahead (one window at a time, 
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("workers", [0, 1, 2])
-@pytest.mark.parametrize("world", [1, 2])
+CASES = [(w, n, 1) for w in (0, 1, 2) for n in (1, 2)] + [(0, 1, 0), (2, 2, 0), (2, 2, 3)]
+
+
+@pytest.mark.parametrize(("workers", "world", "read_ahead"), CASES)
 def test_an_epoch_and_a_half_and_a_resume_give_the_recorded_batches(
-    seeded_data: Path, workers: int, world: int
+    seeded_data: Path, workers: int, world: int, read_ahead: int
 ) -> None:
+    """(workers per rank, ranks, windows read ahead): the same batches whatever the read-ahead."""
     got = {}
+    cfg = config(workers, read_ahead)
     for rank in range(world):
-        stream = TokenBatchStream(
-            seeded_data, "train", config(workers), rank=rank, world_size=world
-        )
+        stream = TokenBatchStream(seeded_data, "train", cfg, rank=rank, world_size=world)
         straight = take(stream, 150 // world)
         got[f"straight {rank}"] = digest(straight)
-        first = TokenBatchStream(seeded_data, "train", config(workers), rank=rank, world_size=world)
+        first = TokenBatchStream(seeded_data, "train", cfg, rank=rank, world_size=world)
         take(first, 37 // world)
         state = first.state_dict()
         first.close()
-        resumed = TokenBatchStream(
-            seeded_data, "train", config(workers), rank=rank, world_size=world
-        )
+        resumed = TokenBatchStream(seeded_data, "train", cfg, rank=rank, world_size=world)
         resumed.load_state_dict(state)
         rest = take(resumed, 150 // world - 37 // world)
         got[f"resumed {rank}"] = digest(rest)

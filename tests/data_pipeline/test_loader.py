@@ -102,7 +102,7 @@ def test_budget_padding_and_conventions(prepared: Path) -> None:
         assert all(b.src[r, n - 1] == EOS_ID for r, n in enumerate(src_lens.tolist()))
         assert b.n_src_tokens == int(src_lens.sum())
         assert b.n_tgt_tokens == int(lens.sum())
-        assert len(b.keys) == len(b.src_text) == len(b.tgt_text) == bsz
+        assert len(b.keys) == bsz and b.src_text == b.tgt_text == []  # training: ids only
     # Length sorting keeps padding low: rounding to 8 alone costs ~15% at these short lengths
     # (the floor: every row rounded up on its own); the same rows cut in random order (no
     # sorting) waste over half.
@@ -115,6 +115,18 @@ def test_budget_padding_and_conventions(prepared: Path) -> None:
     assert padding(batches) - floor < 0.06  # what the cut itself adds
     assert padding(batches) < 0.5 * baseline
     assert sum(len(b) for b in batches) == read_manifest(prepared)["splits"]["train"]["samples"]
+
+
+def test_text_travels_only_where_asked(prepared: Path) -> None:
+    """Validation batches carry their text (BLEU reads it); training batches ids and keys only,
+    unless a stream asks for text; the ids are the same either way."""
+    cfg = data_cfg(num_workers=0)
+    valid = run(TokenBatchStream(prepared, "valid", cfg, shuffle=False), 1)[0]
+    assert len(valid.src_text) == len(valid.tgt_text) == len(valid) and all(valid.tgt_text)
+    plain = run(TokenBatchStream(prepared, "train", cfg), 3)
+    with_text = run(TokenBatchStream(prepared, "train", cfg, text=True), 3)
+    assert same(plain, with_text) and all(b.src_text == [] for b in plain)
+    assert all(len(b.src_text) == len(b) and all(b.src_text) for b in with_text)
 
 
 def test_batch_to_device(prepared: Path) -> None:
