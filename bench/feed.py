@@ -90,16 +90,29 @@ def measure(
     seconds: float = 30.0,
     vocab_size: int = 8000,
     settings: dict[str, Any] | None = None,
+    variants: tuple[dict[str, Any], ...] = ({"read_ahead": 0}, {"read_ahead": 1}),
 ) -> list[Row]:
     """`ranks` consumers at `rate` tokens/s each for `seconds` on `corpus` prepared at
-    `vocab_size` (None: synthetic pairs), at the data defaults updated by `settings`."""
+    `vocab_size` (None: synthetic pairs), at the data defaults updated by `settings`, once per
+    variant of them (side by side: each window read when its turn comes, and read ahead)."""
     src = Path(ROOT, corpus) if corpus else work / "corpus-synthetic"
     if not corpus:
         write_synthetic(src, n_train=4000 if smoke else 200_000, n_valid=20, n_test=20, seed=1)
     data = work / "data"
     if not (data / "manifest.json").is_file():
         run_prepare(src, data, vocab_size=200 if smoke else vocab_size)
-    settings = {"max_len": 256, **(settings or {})}
+    rows: list[Row] = []
+    for variant in variants:
+        rows += feed_rows(data, {"max_len": 256, **(settings or {}), **variant}, variant, rate,
+                          ranks, seconds, str(corpus or "synthetic"))  # fmt: skip
+    return rows
+
+
+def feed_rows(
+    data: Path, settings: dict[str, Any], variant: dict[str, Any], rate: float, ranks: int,
+    seconds: float, corpus: str,
+) -> list[Row]:  # fmt: skip
+    """One variant: every rank's consumer at once, each in a process of its own."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [
@@ -111,11 +124,12 @@ def measure(
     results = dict(queue.get(timeout=seconds + 600) for _ in procs)
     for p in procs:
         p.join(timeout=60)
-    case = {"rate": rate, "ranks": ranks, "corpus": str(corpus or "synthetic"), **settings}
+    case = {"rate": rate, "ranks": ranks, "corpus": corpus, **settings}
+    name = ", ".join(f"{k} {v}" for k, v in variant.items())
     rows: list[Row] = []
     for r in sorted(results):
         got = results[r]
-        label = f"rank {r} of {ranks} at {rate:,.0f} tokens/s"
+        label = f"{name}: rank {r} of {ranks} at {rate:,.0f} tokens/s"
         rows += [
             row(f"{label}: delivered", got["tokens_per_s"], "tokens/s", rank=r, **case),
             row(f"{label}: time waiting", got["wait_pct"], "%", rank=r, **case),

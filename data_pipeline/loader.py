@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing as mp
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +47,8 @@ from data_pipeline.resume import READABLE_VERSIONS, STATE_VERSION, merge_states
 
 log = logging.getLogger(__name__)
 
+# The fault seam of a slow reader (tests, bench feed): seconds of sleep per window built.
+SLOW_WINDOW_ENV = "PAPERSCALE_FAULT_SLOW_WINDOW_S"
 DEFAULT_WINDOW = 1000  # window (samples) for bucketing when cfg.shuffle_buffer == 0
 # Loader workers are not forked from their rank: a rank is multi-threaded (gloo, DeepSpeed, the
 # metric sinks), and a fork while another thread holds CPython's thread-state lock leaves the
@@ -161,6 +164,7 @@ class TokenBatchStream:
             end_epoch=None if epochs is None else self.start_epoch + epochs,
             text=self.text,
             read_ahead=cfg.read_ahead,
+            slow_window_s=float(os.environ.get(SLOW_WINDOW_ENV) or 0),
         )
 
     def close(self) -> None:

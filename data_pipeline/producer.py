@@ -21,6 +21,7 @@ import queue
 import select
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ class ProducerContext:
     base: Progress = field(default_factory=dict)  # merged progress of a world-size change
     text: bool = True  # samples carry their text (BLEU, `translate`); training needs ids only
     read_ahead: int = 1  # windows read and cut ahead by a thread; 0: each when its turn comes
+    slow_window_s: float = 0.0  # the fault seam of a slow reader: a sleep per window built
 
 
 @dataclass
@@ -289,6 +291,8 @@ def slot_windows(ctx: ProducerContext, slot: int, start: WorkerPosition) -> Iter
             resuming = False
             damage = Damage()
             for ws, raws in read_unit(ctx, u, ws0, damage):
+                if ctx.slow_window_s:
+                    time.sleep(ctx.slow_window_s)
                 pending = Counters()
                 samples = decode_window(ctx, raws, pending, True)
                 groups = window_batches(ctx, samples, epoch, u, ws)

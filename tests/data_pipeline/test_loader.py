@@ -129,6 +129,47 @@ def test_text_travels_only_where_asked(prepared: Path) -> None:
     assert all(len(b.src_text) == len(b) and all(b.src_text) for b in with_text)
 
 
+def boundary_waits(
+    data: Path, read_ahead: int, monkeypatch: pytest.MonkeyPatch, per_batch_s: float
+) -> list[float]:
+    """Seconds the consumer waited for the first batch of windows 3-9, with a reader that
+    sleeps 0.2 s per window (the fault seam) and a consumer busy `per_batch_s` a batch."""
+    import time
+
+    monkeypatch.setenv("PAPERSCALE_FAULT_SLOW_WINDOW_S", "0.2")
+    cfg = data_cfg(num_workers=0, shuffle_buffer=150, read_ahead=read_ahead)
+    stream = TokenBatchStream(data, "train", cfg, epochs=1)
+    batches, waits, windows = iter(stream), [], []
+    while True:
+        t0 = time.perf_counter()
+        if next(batches, None) is None:
+            break
+        wait = time.perf_counter() - t0
+        pos = stream.state_dict()["workers"][0]
+        where = (pos["epoch"], pos["unit_index"], pos["window_start"])
+        if not windows or windows[-1] != where:
+            windows.append(where)
+            waits.append(wait)
+            if len(windows) > 8:
+                break
+        time.sleep(per_batch_s)  # the device's work
+    stream.close()
+    return waits[2:]
+
+
+def test_the_next_window_is_read_while_the_current_one_is_handed_out(
+    prepared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow reader (0.2 s a window) and a consumer that spends ~0.5 s on a window: read one
+    window ahead, the consumer never waits at a window boundary for the reader; reading each
+    window when its turn comes, it waits the reader's 0.2 s at every one."""
+    ahead = boundary_waits(prepared, 1, monkeypatch, 0.05)
+    inline = boundary_waits(prepared, 0, monkeypatch, 0.05)
+    assert len(ahead) == len(inline) == 7
+    assert all(w >= 0.2 for w in inline), inline
+    assert max(ahead) < 0.1, ahead
+
+
 def test_batch_to_device(prepared: Path) -> None:
     b = run(TokenBatchStream(prepared, "valid", data_cfg(num_workers=0), shuffle=False), 1)[0]
     c = b.to("cpu", non_blocking=True)
