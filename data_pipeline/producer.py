@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import select
 import signal
 import threading
@@ -35,6 +34,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from data_pipeline.batching import Batch, Sample, collate, plan_batches
 from data_pipeline.dealing import Dealing, Unit, unit_key
 from data_pipeline.position import Counters, Progress, WorkerPosition
+from data_pipeline.read_ahead import ReadAhead
 from data_pipeline.shards import RawSample, ShardReadError, decode_sample, iter_shard
 
 log = logging.getLogger("data_pipeline.loader")
@@ -250,8 +250,6 @@ class Window:
     skipped samples and its damage count only where `skip` is 0 (else they were counted when
     the window was first built)."""
 
-    epoch: int
-    unit_index: int
     ws: int  # sample offset of the window in its unit
     n_raw: int  # samples read (the next window starts n_raw further on)
     samples: list[Sample]
@@ -261,17 +259,8 @@ class Window:
     damage: Damage  # what the unit's damaged shard lost, on the unit's last window
 
 
-@dataclass(frozen=True)
-class UnitEnd:
-    """The slot finished a unit of its plan."""
-
-
-@dataclass(frozen=True)
-class EpochEnd:
-    """The slot finished its plan of an epoch."""
-
-
-Event = Window | UnitEnd | EpochEnd
+UNIT_END, EPOCH_END = "unit end", "epoch end"  # the slot finished a unit, an epoch of its plan
+Event = Window | str
 
 
 def slot_windows(ctx: ProducerContext, slot: int, start: WorkerPosition) -> Iterator[Event]:
@@ -296,63 +285,13 @@ def slot_windows(ctx: ProducerContext, slot: int, start: WorkerPosition) -> Iter
                 pending = Counters()
                 samples = decode_window(ctx, raws, pending, True)
                 groups = window_batches(ctx, samples, epoch, u, ws)
-                found = Damage(damage.shard, damage.lost, damage.error)
-                yield Window(
-                    epoch, unit_index, ws, len(raws), samples, groups, skip, pending, found
-                )
+                lost = Damage(damage.shard, damage.lost, damage.error)  # set on the last window
+                yield Window(ws, len(raws), samples, groups, skip, pending, lost)
                 skip = 0
-            yield UnitEnd()
+            yield UNIT_END
             unit_index += 1
-        yield EpochEnd()
+        yield EPOCH_END
         epoch, unit_index = epoch + 1, 0
-
-
-class ReadAhead:
-    """Runs `events` in a thread, at most `windows` windows ahead of the one being handed out:
-    the next window is read, decoded and cut while the current one's batches go out, so that a
-    worker's lead at a window boundary is a window, not the DataLoader's two batches. An error
-    in the thread is raised where the events are taken; `close` ends the thread."""
-
-    def __init__(self, events: Iterator[Event], windows: int) -> None:
-        self._events = events
-        # the window being handed out, and `windows` more built ahead of it
-        self._room = threading.Semaphore(windows + 1)
-        self._queue: queue.SimpleQueue[tuple[Event | None, BaseException | None]] = (
-            queue.SimpleQueue()
-        )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="read-ahead", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                while not self._room.acquire(timeout=0.1):  # a window handed out frees room
-                    if self._stop.is_set():
-                        return
-                event = next(self._events, None)
-                while isinstance(event, (UnitEnd, EpochEnd)):  # no room taken by these
-                    self._queue.put((event, None))
-                    event = next(self._events, None)
-                self._queue.put((event, None))
-                if event is None:
-                    return
-        except BaseException as exc:
-            self._queue.put((None, exc))
-
-    def __iter__(self) -> Iterator[Event]:
-        while True:
-            event, error = self._queue.get()
-            if error is not None:
-                raise error
-            if event is None:
-                return
-            yield event
-            if isinstance(event, Window):
-                self._room.release()  # its batches are out: the thread may build one more
-
-    def close(self) -> None:
-        self._stop.set()
 
 
 class _Producer:
@@ -370,7 +309,9 @@ class _Producer:
     def items(self) -> Iterator[Item]:
         ctx, pos = self.ctx, self.pos
         events: Iterator[Event] = slot_windows(ctx, self.slot, pos)
-        ahead = ReadAhead(events, ctx.read_ahead) if ctx.read_ahead > 0 else None
+        ahead = None
+        if ctx.read_ahead > 0:
+            ahead = ReadAhead(events, ctx.read_ahead, lambda e: isinstance(e, Window))
         try:
             yield from self._from_events(iter(ahead) if ahead else events)
         finally:
@@ -386,7 +327,7 @@ class _Producer:
                 for item in self.window_items(event):
                     produced += 1
                     yield item
-            elif isinstance(event, UnitEnd):
+            elif event == UNIT_END:
                 pos.next_unit()
             else:
                 epoch = pos.epoch

@@ -1,7 +1,7 @@
 """Two runs of one config, seed and data on one machine give bitwise-equal losses: 2 ranks,
-ZeRO 2, accumulation, dropout, every `auto` left to the machine, idle or beside four busy
-processes, and with `train.deterministic` (the CPU twin of the CUDA setting); one rank on two
-threads, idle or loaded."""
+ZeRO 2, accumulation, dropout, every `auto` left to the machine, one run idle and one beside
+four busy processes with `train.deterministic` (the CPU twin of the CUDA setting); one rank on
+two threads, idle and loaded."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.integration.conftest import TINY_MODEL, assert_same_decisions, decide
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-STEPS = 6
+STEPS = 4
 
 
 def train(
@@ -46,16 +46,13 @@ def test_runs_idle_loaded_and_deterministic_give_the_same_losses(
     idle = tmp_path / "idle"
     out = train(idle, synthetic_data, tmp_path)
     assert "precision auto -> " in out and "attention auto -> " in out
-    with busy_processes(4):
-        loaded = tmp_path / "loaded"
-        train(loaded, synthetic_data, tmp_path)
-        strict = tmp_path / "deterministic"
-        train(strict, synthetic_data, tmp_path, "train.deterministic=true")
+    loaded = tmp_path / "loaded"
+    with busy_processes(4):  # and with train.deterministic, which changes nothing on a CPU
+        train(loaded, synthetic_data, tmp_path, "train.deterministic=true")
     reference = losses(idle)
     assert len(reference) == STEPS
-    for run in (loaded, strict):
-        assert_same_decisions(run, idle)
-        assert losses(run) == reference, run.name  # bitwise
+    assert_same_decisions(loaded, idle)
+    assert losses(loaded) == reference  # bitwise
     assert set(decided(idle)) == {"device", "precision", "attention"}
 
 
