@@ -33,6 +33,9 @@ SMOKE_MODEL = [
     "model.encoder_layers=1",
     "model.decoder_layers=1",
 ]
+# a study's runs at smoke size read their batches in the rank: no loader worker and so no fork
+# server per rank start (an interpreter that imports torch); the batches are the same
+SMOKE_READER = "data.num_workers=0"
 
 
 def row(figure: str, value: float, unit: str, **context: Any) -> Row:

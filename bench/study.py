@@ -9,7 +9,7 @@ comparison divides or subtracts two arms' values of a figure; a `target` arm's f
 is what `steps_to_target` and `seconds_to_target` measure each run of its round against.
 `evaluate` adds `paperscale evaluate` of each run on the test split at the listed beams
 (`test_bleu_beam<N>`). `smoke` replaces `rounds`, `data`, `context`, `evaluate` and the arms
-kept, and appends its `train` after the smoke-size model.
+kept, and appends its `train` after the smoke-size model and SMOKE_READER (no loader worker).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from bench.common import (
     GOALS,
     ROOT,
     SMOKE_MODEL,
+    SMOKE_READER,
     BenchInputError,
     Row,
     prepare_synthetic,
@@ -131,7 +132,7 @@ def load_study(path: Path, smoke: bool) -> Any:
     train = list(study.get("train", []))
     if smoke:
         small = study.get("smoke", {})
-        train += [*SMOKE_MODEL, *small.get("train", [])]
+        train += [*SMOKE_MODEL, SMOKE_READER, *small.get("train", [])]
         study.rounds = small.get("rounds", 1)
         study.data = small.get("data", {"synthetic": 2000})
         study.context = {**study.get("context", {}), **small.get("context", {})}

@@ -180,9 +180,9 @@ def _save_overhead_side_by_side(outcome: suite.Outcome) -> None:
 def _synthetic_task_learnt(outcome: suite.Outcome) -> None:
     """The real trainer learns: 2 CPU ranks (torchrun, ZeRO 2, precision auto) trained through
     the CLI on mapped reversal of 3-10 pseudo-words reach test BLEU >= 60 at beam 4 on held-out
-    sentences (chance is ~0; the run reached 94 when this was written)."""
+    sentences (chance is ~0; the run reached 78 when this was written)."""
     by_figure = {r["figure"]: r["value"] for r in outcome.rows}
-    assert by_figure["steps"] == 400
+    assert by_figure["steps"] == 250
     assert by_figure["test BLEU beam 4"] >= 60, by_figure
 
 

@@ -135,6 +135,7 @@ def synthetic_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data
 
 
+WORKERS = "data.num_workers=1"  # one loader worker per rank, as the presets run
 TINY_MODEL = [
     "model.d_model=32",
     "model.n_heads=2",
@@ -145,6 +146,11 @@ TINY_MODEL = [
     "data.max_tokens=512",
     "data.max_len=64",
     "data.shuffle_buffer=256",
+    # The loader in the rank: a loader worker costs each rank start a fork server (an interpreter
+    # that imports torch, ~3 s of CPU, a third of a 10-step run's). The batches are the same
+    # (tests/data_pipeline/test_golden_order.py); runs whose subject is the processes (signals,
+    # kills, preemption, resharding) add WORKERS.
+    "data.num_workers=0",
     "optim.lr=0.003",
     "optim.warmup_steps=4",
     "logging.wandb=offline",

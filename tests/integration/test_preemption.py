@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY_MODEL, cli_env, paperscale
+from tests.integration.conftest import TINY_MODEL, WORKERS, cli_env, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.serial]
@@ -27,7 +27,7 @@ GRACE_S = 30.0  # Slurm's default KillWait
 def args(run_dir: Path, data: Path, *extra: str) -> list[str]:
     return [
         "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "2",
-        "--run-dir", str(run_dir), f"data.dir={data}", *TINY_MODEL,
+        "--run-dir", str(run_dir), f"data.dir={data}", *TINY_MODEL, WORKERS,
         "train.grad_accum=2", "train.zero_stage=2", "train.precision=fp32",
         "train.log_every=1", "train.eval_every=0", "train.save_every=0",
         "train.bleu_samples=4", "train.bleu_beam=1", "logging.wandb=disabled",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY_MODEL, paperscale
+from tests.integration.conftest import TINY_MODEL, WORKERS, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
@@ -34,7 +34,7 @@ def sharded_data(synthetic_data: Path, tmp_path_factory: pytest.TempPathFactory)
 def train(run_dir: Path, data: Path, nproc: int, max_steps: int, cwd: Path) -> str:
     proc = paperscale(
         "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", str(nproc),
-        "--run-dir", str(run_dir), f"data.dir={data}", *TINY_MODEL,
+        "--run-dir", str(run_dir), f"data.dir={data}", *TINY_MODEL, WORKERS,
         "train.grad_accum=2", "train.zero_stage=2", "train.precision=fp32",
         "train.log_every=1", "train.eval_every=0", "train.save_every=2",
         "logging.wandb=disabled", "logging.tensorboard=false", f"train.max_steps={max_steps}",

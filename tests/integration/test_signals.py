@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY_MODEL, cli_env, paperscale
+from tests.integration.conftest import TINY_MODEL, WORKERS, cli_env, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.serial]
@@ -31,7 +31,7 @@ def test_signal_saves_and_exits_75_then_resumes(
     run_dir = tmp_path / "run"
     args = [
         "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "2",
-        "--run-dir", str(run_dir), f"data.dir={synthetic_data}", *TINY_MODEL,
+        "--run-dir", str(run_dir), f"data.dir={synthetic_data}", *TINY_MODEL, WORKERS,
         "train.log_every=1", "train.eval_every=0", "train.save_every=0",
         "logging.wandb=disabled", "logging.tensorboard=false",
     ]  # fmt: skip

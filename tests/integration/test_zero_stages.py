@@ -16,9 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def train(run_dir: Path, data: Path, stage: int, max_steps: int, cwd: Path, *extra: str) -> None:
+def train(
+    run_dir: Path, data: Path, stage: int, max_steps: int, cwd: Path, *extra: str, nproc: int = 2
+) -> None:
     proc = paperscale(
-        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", "2",
+        "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", str(nproc),
         "--run-dir", str(run_dir), f"data.dir={data}", *TINY_MODEL,
         "train.grad_accum=2", f"train.zero_stage={stage}", "train.precision=fp32",
         "train.log_every=1", "train.eval_every=0", "train.save_every=2", "train.keep_last=5",

@@ -76,11 +76,11 @@ def torchrun_with_restarts(
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks, however started
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The fault tests share one reference run (a session fixture): under pytest-xdist they
-    run on one worker, one after another, so that it is trained once."""
+    """The fault tests that compare with the reference run (a session fixture) run on one
+    pytest-xdist worker, one after another, so that it is trained once; the others spread."""
     here = Path(__file__).parent
     for item in items:
-        if here in item.path.parents:
+        if here in item.path.parents and "reference_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("faults"))
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import RUN_TOKEN, cli_env, paperscale, signal_run
+from tests.integration.conftest import RUN_TOKEN, WORKERS, cli_env, paperscale, signal_run
 from tests.integration.faults.conftest import CONFIG, STEPS, losses, overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -69,7 +69,7 @@ def test_a_second_writer_is_refused_and_the_first_is_unharmed(
 
 def test_a_killed_holder_leaves_no_lock_behind(synthetic_data: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    over = overrides(synthetic_data, STEPS)
+    over = overrides(synthetic_data, STEPS, WORKERS)  # loader workers among the killed
     proc, token = start_train(run_dir, over)
     try:
         wait_for_step(run_dir, 3, proc)
