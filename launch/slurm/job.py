@@ -48,6 +48,16 @@ def slurm_context() -> dict[str, str]:
     }
 
 
+def job_nodes(nodelist: str) -> list[str]:
+    """The job's node names in order (Slurm's compressed list expanded by scontrol)."""
+    proc = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"scontrol show hostnames {nodelist}: {proc.stderr.strip()}")
+    return proc.stdout.split()
+
+
 def check(run_dir: Path) -> int:
     from launch.config import ConfigError, check_data_dir, load_config
     from launch.preflight import check_resume
@@ -212,6 +222,16 @@ def node(
         flush=True,
     )
     env = child_env(use_cuda(job.train.device))
+    if nnodes > 1:
+        from launch.slurm.network import NetworkError, set_interface
+
+        this_node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        try:
+            line = set_interface(env, job_nodes(ctx["nodes"]), this_node)
+        except NetworkError as exc:
+            print(f"paperscale: error: node {this_node}: {exc}", file=sys.stderr, flush=True)
+            return 2
+        print(f"paperscale: node {this_node}: {line}", flush=True)
     lock = None
     if ctx["node_id"] == "0":  # the first node's task holds the run dir for the whole step
         from trainer.run_lock import HOLDER_ENV, RunLock, RunLocked

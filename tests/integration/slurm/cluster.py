@@ -4,7 +4,9 @@
 slurm.conf with its own ports, state and spool dirs, starts every daemon in the foreground as a
 child process and stops each one by its pid. With `netns_nodes=N` the cluster has N nodes, each
 slurmd in its own network namespace (a veth pair on a bridge, its own address) and its own UTS
-namespace (its own host name), so that a multi-node job really talks over a network.
+namespace (its own host name), so that a multi-node job really talks over a network; and, as
+real nodes are, with an interface that reaches no other node listed first and its own host name
+on 127.0.1.1 in its hosts file.
 """
 
 from __future__ import annotations
@@ -132,11 +134,22 @@ class LocalSlurm:
         self._ip("addr", "add", f"{self.subnet}.1/24", "dev", bridge)
         self._ip("link", "set", bridge, "up")
         hosts = ["127.0.0.1 localhost", f"{self.subnet}.1 {socket.gethostname()}"]
-        hosts += [f"{self.subnet}.{i + 2} {name}" for i, name in enumerate(self.nodes)]
+        addresses = {name: f"{self.subnet}.{i + 2}" for i, name in enumerate(self.nodes)}
         for i, name in enumerate(self.nodes):
             ns, outer, inner = f"{name}-ns", f"psv{self.tag}{i}", f"psv{self.tag}{i}p"
             self._ip("netns", "add", ns)
             self.namespaces.append(ns)
+            # As real nodes are: an interface that reaches no other node, listed first (a
+            # management network, docker0), and the node's own name on 127.0.1.1 in its hosts
+            # file, as Debian writes it.
+            wrong, wrong_peer = f"psw{self.tag}{i}", f"psw{self.tag}{i}p"
+            self._ip("-n", ns, "link", "add", wrong, "type", "veth", "peer", "name", wrong_peer)
+            self._ip("-n", ns, "addr", "add", f"10.254.{i}.1/24", "dev", wrong)
+            self._ip("-n", ns, "link", "set", wrong, "up")
+            self._ip("-n", ns, "link", "set", wrong_peer, "up")
+            own = [f"127.0.1.1 {name}"]
+            own += [f"{addr} {other}" for other, addr in addresses.items() if other != name]
+            (self.dir / f"hosts-{name}").write_text("\n".join([*hosts, *own]) + "\n")
             self._ip("link", "add", outer, "type", "veth", "peer", "name", inner)
             self.links.append(outer)
             self._ip("link", "set", inner, "netns", ns)
@@ -145,8 +158,6 @@ class LocalSlurm:
             self._ip("-n", ns, "addr", "add", f"{self.subnet}.{i + 2}/24", "dev", inner)
             self._ip("-n", ns, "link", "set", inner, "up")
             self._ip("-n", ns, "link", "set", "lo", "up")
-        # bind-mounted over /etc/hosts in each node's mount namespace
-        (self.dir / "hosts").write_text("\n".join(hosts) + "\n")
         return f"{self.subnet}.1"
 
     def _ip(self, *args: str) -> None:
@@ -242,7 +253,7 @@ class LocalSlurm:
                 # the node's network; its own host name and /etc/hosts; the host's /sys (slurmd
                 # wants the cgroup mounts, which `ip netns exec` would hide)
                 inner = (
-                    f"mount --bind {self.dir / 'hosts'} /etc/hosts && hostname {name} && "
+                    f"mount --bind {self.dir / f'hosts-{name}'} /etc/hosts && hostname {name} && "
                     f"exec /usr/sbin/slurmd -D -N {name} -f {self.conf}"
                 )
                 self._start(

@@ -1,6 +1,8 @@
 """A 2-node x 1-rank job: two Slurm nodes on this machine, each slurmd in its own network
 namespace (own address on a bridge, own host name); torchrun's c10d rendezvous on the first node
-and the gloo process group run over that network."""
+and the gloo process group run over that network. Each node, as real ones are, lists first an
+interface that reaches no other node and maps its own name to 127.0.1.1: each node task finds
+the interface that routes to the other node and gives it to gloo and NCCL."""
 
 from __future__ import annotations
 
@@ -64,5 +66,14 @@ def test_two_node_job_trains_across_namespaces(
     # each node's task ran in its own namespace (own host name); both met on the first node
     for i, node in enumerate((node1, node2)):
         assert re.search(rf"node {node} \(node {i} of 2\): .* rendezvous at {node1}:\d+", text)
+        peer, address = (node2, 3) if i == 0 else (node1, 2)
+        iface = f"psv{slurm_pair.tag}{i}p"
+        subnet = re.escape(slurm_pair.subnet)
+        assert re.search(
+            rf"node {node}: network interface {iface} \({subnet}\.{i + 2}\), the route to node "
+            rf"{peer} \({subnet}\.{address}\): GLOO_SOCKET_IFNAME={iface}, "
+            rf"NCCL_SOCKET_IFNAME={iface}\n",
+            text,
+        ), text[-3000:]
     # a checkpoint of a world of 2: one rank on each node (1 CPU, 1 task per node)
     assert saved_world_size(run_dir / "checkpoints", f"step_{STEPS:08d}") == 2
