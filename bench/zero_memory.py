@@ -108,8 +108,8 @@ def measure_stage(job: Any, model_cfg: ModelConfig, env: Any, stage: int) -> tup
         del loss, n
         # ZeRO 2's gradient reduce at the accumulation boundary is asynchronous under gloo: its
         # flat bucket and a partition-sized copy (1.24 MB on the smoke model) stay alive until
-        # the peer has finished it too. Counted, they made 3 of 11 smoke runs read 1.27x; after
-        # the barrier none of 8 did. They are transient, not model states the plan prices.
+        # the peer has finished it too. Counted, they made 4 of 15 smoke runs read 1.27x; after
+        # the barrier none of 11 did. They are transient, not model states the plan prices.
         torch.distributed.barrier()
         peak = max(peak, new_bytes(engine, exclude))
         engine.step()

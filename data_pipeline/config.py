@@ -21,7 +21,7 @@ class DataConfig:
     # shuffle windows each worker reads, decodes and cuts ahead (a thread) while it hands out
     # the current one's batches; 0: each window when its turn comes (the consumer waits then)
     read_ahead: int = 1
-    seed: int = 1
+    seed: int = 1  # shuffle and dealing order of the training stream
 
     def problems(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []

@@ -1,9 +1,10 @@
-"""Looking at runs: `status` and `report` (`plan` is launch/cmd_plan.py)."""
+"""Looking at runs and configs: `status`, `report`, `config` (`plan` is launch/cmd_plan.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from launch.usage import UsageError
@@ -33,4 +34,18 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(summary)
     print(f"report           {path}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from launch.config import load_config, to_yaml
+
+    if args.reference:
+        if args.config or args.overrides:
+            raise UsageError("--reference takes no --config or overrides")
+        from launch.config_reference import reference_markdown
+
+        sys.stdout.write(reference_markdown())
+        return 0
+    sys.stdout.write(to_yaml(load_config(args.config, args.overrides)))
     return 0

@@ -33,7 +33,7 @@ class ConfigError(ValueError):
 class RunConfig:
     """Name and directory of a run."""
 
-    name: str = "run"
+    name: str = "run"  # the run's name (wandb, the default run dir)
     dir: str | None = None  # default: runs/<name>
 
 

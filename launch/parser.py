@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from launch.cmd_data import cmd_corpus, cmd_prepare
-from launch.cmd_info import cmd_report, cmd_status
+from launch.cmd_info import cmd_config, cmd_report, cmd_status
 from launch.cmd_model import cmd_evaluate, cmd_export, cmd_translate
 from launch.cmd_plan import cmd_calibrate, cmd_plan
 from launch.cmd_train import cmd_submit, cmd_train
@@ -333,6 +333,21 @@ def add_plan_speed(plan: argparse.ArgumentParser) -> None:
     )
 
 
+def add_config(sub: Subparsers) -> None:
+    """`config`: the resolved config a run would use, or the reference of every key."""
+    config = sub.add_parser(
+        "config",
+        help="print the resolved config a run would use (YAML), or --reference: every key",
+        description="Print the config `train` would use for --config and the overrides "
+        "(defaults <- preset <- key=value), as YAML; with --reference, the Markdown reference "
+        "of every key (docs/configuration.md).",
+    )
+    config.add_argument("--config", help="a preset YAML (default: the schema's defaults)")
+    config.add_argument("--reference", action="store_true", help="every key, its default, etc.")
+    config.add_argument("overrides", nargs="*", help="key=value overrides")
+    config.set_defaults(func=cmd_config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="paperscale",
@@ -342,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
         add_corpus, add_prepare, add_train, add_decode, add_export, add_submit, add_status,
-        add_report, add_plan, add_calibrate,
+        add_report, add_plan, add_calibrate, add_config,
     ):  # fmt: skip
         add(sub)
     return p

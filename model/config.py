@@ -23,18 +23,18 @@ class ModelConfig:
     `vocab_size` None means "take it from the data's tokenizer" (the trainer fills it in).
     """
 
-    vocab_size: int | None = None
-    d_model: int = 512
-    n_heads: int = 8
-    d_ff: int = 2048
-    encoder_layers: int = 6
-    decoder_layers: int = 6
+    vocab_size: int | None = None  # shared source/target vocabulary; null: the tokenizer's
+    d_model: int = 512  # width of embeddings and every sublayer (d_model in the paper)
+    n_heads: int = 8  # attention heads (h); must divide d_model
+    d_ff: int = 2048  # inner width of the feed-forward blocks
+    encoder_layers: int = 6  # N of the encoder stack
+    decoder_layers: int = 6  # N of the decoder stack
     dropout: float = 0.1  # embeddings + every sublayer output (P_drop in the paper)
     attention_dropout: float = 0.0  # on the attention weights
     activation_dropout: float = 0.0  # inside the feed-forward block, after the ReLU
     pre_norm: bool = False  # the paper is post-LN
-    max_positions: int = 1024
-    label_smoothing: float = 0.1
+    max_positions: int = 1024  # longest sequence the sinusoidal position table covers
+    label_smoothing: float = 0.1  # epsilon_ls of the training loss
     init_std: float | None = None  # None: fairseq's init (Transformer.reset_parameters)
 
     def problems(self) -> list[tuple[str, str]]:

@@ -25,16 +25,16 @@ class OptimConfig:
     `warmup_init_lr` is where the linear warm-up starts (paper 0; fairseq 1e-7).
     """
 
-    lr: float | None = None
-    warmup_steps: int = 4000
+    lr: float | None = None  # peak learning rate; null: the paper's d_model^-0.5 * warmup^-0.5
+    warmup_steps: int = 4000  # steps of linear warm-up to the peak
     # inverse_sqrt (the paper's) or linear: warm-up, then linear decay to zero at
     # train.max_steps (trainer/schedule.py)
     schedule: str = "inverse_sqrt"
-    warmup_init_lr: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-9
-    weight_decay: float = 0.0
+    warmup_init_lr: float = 0.0  # learning rate the warm-up starts from
+    beta1: float = 0.9  # Adam's beta_1
+    beta2: float = 0.98  # Adam's beta_2 (the paper's 0.98)
+    eps: float = 1e-9  # Adam's epsilon (the paper's 1e-9)
+    weight_decay: float = 0.0  # Adam's L2 weight decay (the paper: none)
     clip_grad: float = 0.0  # 0 = no clipping (the paper)
     fused: bool = True  # torch's fused Adam kernel (CUDA and CPU); false: its per-tensor loop
     # The gradient norm (logged as grad_norm): computed on the steps that log (train.log_every)
@@ -76,7 +76,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 class TrainConfig:
     """The loop: how long, how often to evaluate, log and save, and the DeepSpeed engine's mode."""
 
-    max_steps: int = 100_000
+    max_steps: int = 100_000  # optimizer steps of the run (the paper's base: 100k)
     # wall-clock minutes for the whole run (steps, evaluations, saves; trainer/budget.py): the
     # step time measured early fixes the last step, where the linear schedule reaches zero;
     # 0 = off (max_steps ends the run; with a budget it is an upper bound)
@@ -85,24 +85,24 @@ class TrainConfig:
     # share of the budget spent before its horizon is fixed; the step time is measured over
     # its second half (the first seconds of a run can be faster than the rest); 0: at once
     budget_calibration_fraction: float = 0.1
-    grad_accum: int = 1
-    zero_stage: int = 2
+    grad_accum: int = 1  # micro-batches per optimizer step on each rank
+    zero_stage: int = 2  # DeepSpeed ZeRO: 0 none, 1 optimizer states, 2 + gradients, 3 + weights
     # auto (the machine's fastest: trainer/precision.py) | bf16 | fp16 (GPU only) | fp32
     precision: str = "auto"
-    seed: int = 1
+    seed: int = 1  # initialisation, dropout and every other random stream of the run
     # torch's deterministic algorithms (and cuBLAS's fixed workspace on CUDA): two runs of one
     # config give bitwise-equal losses on GPUs too, at a cost (bench/RESULTS.md, gpu); the CPU
     # path is deterministic without it (trainer/autos.py)
     deterministic: bool = False
-    log_every: int = 100
+    log_every: int = 100  # steps between metric lines (console, metrics.jsonl, sinks)
     eval_every: int = 1000  # validation loss; 0 = only at the end
     eval_max_batches: int = 0  # 0 = the whole validation split
     bleu_every: int = 0  # BLEU by greedy decoding on a validation subset; 0 = only at the end
-    bleu_samples: int = 200
+    bleu_samples: int = 200  # validation sentences the in-training BLEU decodes
     bleu_beam: int = 4  # beam size of the in-training BLEU (1 = greedy)
     save_every: int = 0  # steps; 0 = only at the end
     save_every_minutes: float = 0.0  # wall-clock minutes on rank 0; 0 = off
-    keep_last: int = 5
+    keep_last: int = 5  # checkpoints kept; older ones are deleted after each save
     # Saves before the last one copy the state to host memory and write it in the background
     # (trainer/checkpoint/background.py): the loop waits for the copy only; published when written.
     async_save: bool = False
@@ -174,7 +174,7 @@ class ProfileConfig:
     """A torch.profiler trace of a few steps and the table of where their time went
     (trainer/profiler.py). Steps are counted from the start of this process."""
 
-    enabled: bool = False
+    enabled: bool = False  # trace the steps below of this run (README: Profiling a run)
     wait_steps: int = 5  # steps first left alone (allocator, first shapes, compilation)
     warmup_steps: int = 1  # recorded and discarded: the profiler's own start-up
     steps: int = 3  # recorded
@@ -197,7 +197,7 @@ class LoggingConfig:
     """Where metrics go besides the console and metrics.jsonl."""
 
     wandb: str = "offline"  # online | offline | disabled
-    wandb_project: str = "paperscale"
+    wandb_project: str = "paperscale"  # the wandb project runs are logged under
     tensorboard: bool = True  # scalars into RUN/tb
     report: bool = True  # RUN/report.png when a run finishes (`paperscale report RUN` any time)
 
