@@ -12,6 +12,7 @@ shell tries again on a new port, `TRIES` times in all, saying why in one line ea
 
 from __future__ import annotations
 
+import random
 import re
 import socket
 from collections.abc import Iterable
@@ -25,9 +26,43 @@ TRIES = 3  # srun steps per job attempt before a failing start ends the job
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
 
 
-def free_port() -> int:
+LOWEST_PORT = 10000  # below: well-known and registered services, more often firewalled
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections and bind(0): Linux's
+    ip_local_port_range (32768-60999 unless configured)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def bindable(port: int) -> bool:
+    """Whether a TCP socket can bind `port` on every address now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(rng: random.Random | None = None) -> int:
     """A TCP port that nothing on this host listens on now, on any address (the rendezvous
-    store listens on all of them)."""
+    store listens on all of them), taken below the kernel's ephemeral range: a port of that
+    range may be given to any outgoing connection of the node in the instant between this
+    choice and torchrun's bind (seen on a busy node: EADDRINUSE on the first try), while one
+    below it is taken only by a program that binds it by number. bind(0)'s port where the
+    ephemeral range leaves no room below it."""
+    rng = rng or random.Random()
+    low, _ = ephemeral_range()
+    if low - LOWEST_PORT >= 1000:
+        for _ in range(64):
+            port = rng.randrange(LOWEST_PORT, low)
+            if bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])

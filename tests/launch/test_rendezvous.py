@@ -5,6 +5,7 @@ No Slurm needed (tests/integration/slurm/ runs the same under a real one)."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -14,7 +15,14 @@ import pytest
 
 from launch.config import load_config, to_yaml
 from launch.slurm.cluster import ClusterProfile
-from launch.slurm.rendezvous import TRIES, first_error, free_port, port_for_try
+from launch.slurm.rendezvous import (
+    LOWEST_PORT,
+    TRIES,
+    ephemeral_range,
+    first_error,
+    free_port,
+    port_for_try,
+)
 from launch.slurm.script import batch_script
 from tests.integration.conftest import cli_env
 from trainer.run_dir import RunDir
@@ -61,6 +69,18 @@ def test_port_for_try_is_free_and_a_fixed_port_is_only_the_first_try() -> None:
         assert port_for_try(2, fixed_port=taken) != taken
     with socket.socket() as probe:
         probe.bind(("", free_port()))  # nothing listens there: it binds
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_skip_held_ones() -> None:
+    """Outgoing connections take ports of the ephemeral range at any moment; not these."""
+    low, _ = ephemeral_range()
+    assert all(LOWEST_PORT <= free_port() < low for _ in range(20))
+    first = random.Random(7).randrange(LOWEST_PORT, low)  # what the seeded choice tries first
+    with socket.socket() as held:
+        held.bind(("", first))
+        held.listen()
+        port = free_port(random.Random(7))
+    assert port != first and LOWEST_PORT <= port < low
 
 
 def test_first_error_is_the_root_cause_without_module_path() -> None:
