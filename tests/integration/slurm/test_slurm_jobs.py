@@ -266,7 +266,9 @@ def test_time_limit_warning_saves_and_requeues(
     """The real `--signal=B:USR1@60` of a job with a 3-minute limit: Slurm itself sends USR1,
     one to two minutes into the job (Slurm sends it up to a minute early). After the first
     steps: a stop before the first step has nothing to save, and with a 2-minute limit a job
-    whose start took ~55 s on a loaded 2-core machine got its signal before step 1."""
+    whose start took ~55 s on a loaded 2-core machine got its signal before step 1. From step 3
+    rank 0 rests 0.5 s after each step (its peer waits in the next collective): the minutes
+    until the signal cost the machine's other tests little CPU."""
     profile = tmp_path / "short.yaml"
     profile.write_text(
         "name: short\nprocs_per_node: 2\ncpus_per_task: 2\ntime: '3'\nsignal_seconds: 60\n"
@@ -279,7 +281,7 @@ def test_time_limit_warning_saves_and_requeues(
         "--run-dir", str(run_dir), f"data.dir={synthetic_data}", *TINY_MODEL,
         "train.max_steps=1000000", "train.log_every=50", "train.eval_every=0",
         "logging.wandb=disabled", "logging.tensorboard=false", "logging.report=false",
-        cwd=tmp_path,
+        cwd=tmp_path, extra_env=fault_env(rank="0", slow_from_step="3:0.5"),
     )  # fmt: skip
     job_id = submitted_job(proc)
     assert "#SBATCH --signal=B:USR1@60\n" in (run_dir / "job.sbatch").read_text()
