@@ -228,7 +228,7 @@ def node(
         this_node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         try:
             line = set_interface(env, job_nodes(ctx["nodes"]), this_node)
-        except NetworkError as exc:
+        except (NetworkError, RuntimeError, OSError) as exc:  # OSError: no scontrol here
             print(f"paperscale: error: node {this_node}: {exc}", file=sys.stderr, flush=True)
             return 2
         print(f"paperscale: node {this_node}: {line}", flush=True)
