@@ -85,7 +85,7 @@ def reference_markdown(root: Path = ROOT) -> str:
     return "\n".join(out)
 
 
-def undocumented(root: Path = ROOT) -> list[str]:
+def undocumented() -> list[str]:
     """Keys whose field has no comment to say what it does."""
     defaults = JobConfig()
     missing = []
