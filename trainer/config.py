@@ -174,7 +174,7 @@ class ProfileConfig:
     """A torch.profiler trace of a few steps and the table of where their time went
     (trainer/profiler.py). Steps are counted from the start of this process."""
 
-    enabled: bool = False  # trace the steps below of this run (README: Profiling a run)
+    enabled: bool = False  # trace the steps below of this run (docs/performance.md)
     wait_steps: int = 5  # steps first left alone (allocator, first shapes, compilation)
     warmup_steps: int = 1  # recorded and discarded: the profiler's own start-up
     steps: int = 3  # recorded
