@@ -227,8 +227,9 @@ def add_plan(sub: Subparsers) -> None:
         description="Before any GPU is spent: per-rank memory of parameters, gradients, "
         "optimizer states and DeepSpeed buffers for ZeRO 0-3, activations, the largest "
         "micro-batch that fits, the accumulation reaching --target-tokens (per side) per "
-        "step, FLOPs, the step time (measured with --calibration, else assumed), the time to "
-        "a published run's BLEU, and the recommended stage.",
+        "step (by default the config's own), FLOPs, the step time (measured with "
+        "--calibration, else assumed), the time to a published run's BLEU, and the "
+        "recommended stage. Every time line prices the recommended batch.",
     )
     plan.add_argument("--config", required=True)
     plan.add_argument("--nodes", type=int, default=1)
@@ -245,9 +246,9 @@ def add_plan(sub: Subparsers) -> None:
     )
     plan.add_argument(
         "--target-tokens",
-        default="25000",
-        help="tokens per side per step (25000, the paper's), or 'config' for the config's "
-        "data.max_tokens x train.grad_accum x ranks",
+        default="config",
+        help="tokens per side per step: 'config' (default) for the config's own "
+        "data.max_tokens x train.grad_accum x ranks, or a number (25000: the paper's)",
     )
     plan.add_argument(
         "--batch-tolerance",

@@ -85,9 +85,10 @@ def model_kind(cfg: ModelConfig) -> str | None:
 
 
 def pick_anchor(cfg: ModelConfig, step_tokens: int, name: str | None = None) -> Anchor | None:
-    """The anchor named, or the one of the config's model whose batch is nearest `step_tokens`
-    (on a log scale); None when the model is neither base nor big. ValueError for a name that
-    is not an anchor or is one of another model."""
+    """The anchor named, or the one of the config's model that follows its recipe: the same
+    layer norm placement first (a pre-norm config is MLPerf's recipe), then the batch nearest
+    `step_tokens` (on a log scale); None when the model is neither base nor big. ValueError
+    for a name that is not an anchor or is one of another model."""
     kind = model_kind(cfg)
     if name is not None:
         anchor = next((a for a in ANCHORS if a.name == name), None)
@@ -99,7 +100,10 @@ def pick_anchor(cfg: ModelConfig, step_tokens: int, name: str | None = None) -> 
     mine = [a for a in ANCHORS if a.model == kind]
     if not mine:
         return None
-    return min(mine, key=lambda a: abs(math.log(step_tokens / a.batch_tokens)))
+    return min(
+        mine,
+        key=lambda a: (a.pre_norm != cfg.pre_norm, abs(math.log(step_tokens / a.batch_tokens))),
+    )
 
 
 def time_to_quality(

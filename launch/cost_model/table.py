@@ -77,7 +77,9 @@ def _time_lines(plan: dict) -> list[str]:
     full = f", micro-batches {plan['fill']:.0%} full (--fill)" if plan["fill"] != 1 else ""
     lines += [
         f"FLOPs per step   {plan['flops_per_step']:.3e}",
-        f"step time        {plan['step_s']:.3f} s = {plan['compute_s']:.3f} s of compute at "
+        f"step time        {plan['step_s']:.3f} s per recommended step "
+        f"({plan['tokens_per_step_per_side']:,} tokens per side) = "
+        f"{plan['compute_s']:.3f} s of compute at "
         f"{plan['mfu']:.0%} MFU of {format_rate(plan['peak_tflops'] * 1e12)} per rank + "
         f"{plan['overhead_s'] * 1e3:.1f} ms of overheads{full}",
     ]
@@ -88,11 +90,19 @@ def _time_lines(plan: dict) -> list[str]:
             f"as configured    {c['micro_tokens']:,} x {c['grad_accum']} x {plan['world']} ranks "
             f"= {c['tokens']:,} tokens per side at ZeRO {c['stage']} ({fits}, peak "
             f"{c['peak'] / GIB:.1f} GiB): step {c['step_s']:.3f} s"
+            + (
+                ""
+                if c["tokens"] == plan["tokens_per_step_per_side"]
+                else f"; the lines below price the recommended {plan['tokens_per_step_per_side']:,}"
+            )
         )
     if "quality" in plan:
         lines += quality_lines(plan["quality"], int(plan["tokens_per_step_per_side"]))
     total = duration(plan["total_hours"])
-    lines.append(f"max_steps        {total} for train.max_steps={plan['max_steps']:,}")
+    lines.append(
+        f"max_steps        {total} for train.max_steps={plan['max_steps']:,} at "
+        f"{plan['step_s']:.3f} s per recommended step"
+    )
     return lines
 
 

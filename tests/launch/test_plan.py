@@ -178,8 +178,8 @@ def test_cli_json_and_table() -> None:
     plan = json.loads(proc.stdout)
     assert plan["params"]["total"] == 214_245_376
     assert [s["stage"] for s in plan["stages"]] == [0, 1, 2, 3]
-    assert plan["world"] == 8 and plan["target_tokens_per_side"] == 25_000
-    assert plan["micro_tokens"] * plan["grad_accum"] * 8 >= 25_000
+    assert plan["world"] == 8 and plan["target_tokens_per_side"] == 4_096 * 8  # the config's
+    assert plan["micro_tokens"] * plan["grad_accum"] * 8 >= 4_096 * 8
     assert plan["max_steps"] == 300_000
     proc = plan_cli(*args, "--gpu-mem", "80", "train.activation_checkpointing=true")
     assert proc.returncode == 0, proc.stderr

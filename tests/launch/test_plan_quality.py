@@ -29,11 +29,16 @@ def test_anchor_budgets() -> None:
     assert {a.bleu for a in ANCHORS} == {27.3, 28.4, 25.0, 29.3}
 
 
-def test_the_anchor_nearest_the_planned_step_is_picked() -> None:
+def test_the_anchor_of_the_same_recipe_nearest_the_planned_step_is_picked() -> None:
+    """The layer norm placement first (a pre-norm big model is MLPerf's recipe), then the
+    batch nearest the planned step."""
     assert model_kind(BIG) == "big" and model_kind(BASE) == "base" and model_kind(TINY) is None
     assert pick_anchor(BIG, 25_000).name == "paper-big"
     assert pick_anchor(BIG, 32_768).name == "paper-big"
-    assert pick_anchor(BIG, 110_592).name == "mlperf-v0.7"
+    assert pick_anchor(BIG, 110_592).name == "fairseq-scaling"  # post-norm, as the config
+    pre_norm = ModelConfig(vocab_size=37000, d_model=1024, n_heads=16, d_ff=4096, pre_norm=True)
+    assert pick_anchor(pre_norm, 110_592).name == "mlperf-v0.7"
+    assert pick_anchor(pre_norm, 25_000).name == "mlperf-v0.7"
     assert pick_anchor(BIG, 458_752).name == "fairseq-scaling"
     assert pick_anchor(BIG, 2_000_000).name == "fairseq-scaling"
     assert pick_anchor(BASE, 458_752).name == "paper-base"
