@@ -28,6 +28,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     for key in ("loss", "tokens_per_s", "valid_loss", "bleu"):
         found = last_value(records, key)
         status[key] = None if found is None else found[1]
+    status["time_to_target"] = last_value(records, "time_to_target_s")  # (step, seconds)
     first_loss = next((r["loss"] for r in records if r.get("loss") is not None), None)
     status["first_loss"] = first_loss
     for split in ("valid", "test"):
@@ -112,6 +113,9 @@ def format_status(status: dict[str, Any]) -> str:
         f"valid loss       {num(status['valid_loss'], '.3f')}",
         f"valid BLEU       {num(status['bleu'], '.2f')}",
     ]
+    if status.get("time_to_target"):
+        step, seconds = status["time_to_target"]
+        lines.append(f"time to target   {seconds:,.1f} s (reached at step {step})")
     if status.get("slurm"):
         lines.insert(1, format_slurm(status["slurm"]))
     for split in ("valid", "test"):

@@ -100,6 +100,10 @@ class TrainConfig:
     bleu_every: int = 0  # BLEU by greedy decoding on a validation subset; 0 = only at the end
     bleu_samples: int = 200  # validation sentences the in-training BLEU decodes
     bleu_beam: int = 4  # beam size of the in-training BLEU (1 = greedy)
+    # stop at the first evaluation whose valid BLEU (on the whole validation split, every
+    # bleu_every steps) is >= this; saves, records time_to_target_s (trainer/target.py). 0 = off
+    target_bleu: float = 0.0
+    target_nll: float = 0.0  # the same for the valid NLL per target token (<=; eval_every)
     save_every: int = 0  # steps; 0 = only at the end
     save_every_minutes: float = 0.0  # wall-clock minutes on rank 0; 0 = off
     keep_last: int = 5  # checkpoints kept; older ones are deleted after each save
@@ -147,6 +151,7 @@ class TrainConfig:
             out.append(("dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s!r}"))
         if not _positive_int(self.max_nonfinite):
             out.append(("max_nonfinite", f"must be a positive integer, got {self.max_nonfinite!r}"))
+        out += self._target_problems()
         if not isinstance(self.budget_minutes, (int, float)) or not self.budget_minutes >= 0:
             out.append(("budget_minutes", f"must be >= 0 (0 = off), got {self.budget_minutes!r}"))
         fraction = self.budget_calibration_fraction
@@ -166,6 +171,17 @@ class TrainConfig:
             out.append(("compile_mode", f"must be one of {modes}, got {self.compile_mode!r}"))
         if self.device not in ("auto", "cpu", "cuda"):
             out.append(("device", f"must be auto, cpu or cuda, got {self.device!r}"))
+        return out
+
+    def _target_problems(self) -> list[tuple[str, str]]:
+        """A target needs the evaluation that scores it."""
+        out: list[tuple[str, str]] = []
+        for key, every in (("target_bleu", "bleu_every"), ("target_nll", "eval_every")):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                out.append((key, f"must be >= 0 (0 = off), got {value!r}"))
+            elif value > 0 and getattr(self, every) == 0:
+                out.append((key, f"needs train.{every} > 0: the interval it is scored at"))
         return out
 
 

@@ -50,6 +50,7 @@ from trainer.step import (
     train_step,
 )
 from trainer.step_time import REGION_DATA
+from trainer.target import Target
 from trainer.validation import Evaluator
 
 __all__ = ["PrecisionError", "train"]
@@ -104,6 +105,7 @@ class Trainer:
         self.model_cfg = settled.model_cfg
         self.state = TrainState(wandb_id=uuid.uuid4().hex[:12])
         self.budget = Budget(self.cfg, self.job.optim.warmup_steps, self.state, env)
+        self.target = Target.of(self.cfg, self.state)  # train.target_bleu / target_nll
         seed_everything(self.cfg.seed)  # identical initial weights on every rank
         self.engine = build_engine(
             self.job, self.model_cfg, env, settled.universal,
@@ -178,8 +180,7 @@ class Trainer:
             where = self.run.checkpoints.tag_dir(self.settled.tag or "")
             print(f"resumed from {where} at step {self.resumed_at}", flush=True)
         self.batches = iter(self.stream)
-        # Everything built so far lives for the whole run: the garbage collector need not scan
-        # it at every collection and at exit (seconds with torch, more than a stop's grace).
+        # all built so far lives for the run: not scanned at each collection (seconds at exit)
         gc.freeze()
 
     def guarded(self) -> LoopGuard:
@@ -194,7 +195,7 @@ class Trainer:
 
     def done(self) -> bool:
         ended = self.state.step >= self.budget.end_step() or self.budget.spent
-        return ended or self.stopping or self.failure is not None
+        return ended or self.target.reached or self.stopping or self.failure is not None
 
     def step(self) -> None:
         """One optimizer step; a stop request, a save due by the clock and the previous step's
@@ -267,7 +268,7 @@ class Trainer:
         return bool(flag.item() > 0)
 
     def _final(self) -> bool:  # the last step of the run
-        return self.state.step == self.budget.end_step() or self.budget.spent
+        return self.state.step == self.budget.end_step() or self.budget.spent or self.target.reached
 
     def _log_due(self, step: int) -> bool:  # (a stop request or a spent budget: learnt later)
         first_or_last = (self.start_step + 1, self.budget.end_step())
@@ -315,6 +316,7 @@ class Trainer:
             self.watchdog.arm()
             with self.timer.paused(), self.budget.clock.outside():
                 self.record.update(self.evaluator.run(bool(with_bleu)))
+                self.record |= self.target.check(step, self.record, self.budget.clock.spent_s())
         if self.record:
             self.last.update(self.record)
             self.logger.log(step, self.record)
@@ -369,10 +371,8 @@ class Trainer:
         self.stream.close()
         if self.stopping and env.is_main:
             latest = self.checkpoints.ckpts.latest_tag() or "none (nothing trained yet)"
-            print(
-                f"stopped at step {self.state.step} after a signal; latest checkpoint {latest}",
-                flush=True,
-            )
+            step = self.state.step
+            print(f"stopped at step {step} after a signal; latest checkpoint {latest}", flush=True)
         if env.is_main:
             summary |= self._figures()
         source = export_source(self.run.checkpoints)
@@ -390,6 +390,7 @@ class Trainer:
             "steps": self.state.step,
             "steps_this_run": self.state.step - self.start_step,
             **self.budget.summary(),
+            **self.target.summary(),
             "first_loss": self.first_loss,
             "valid_loss": self.last.get("valid_loss"),
             "bleu": self.last.get("bleu"),

@@ -145,6 +145,9 @@ def summarize(records: list[Record]) -> str:
     if tps:
         tail = sorted(tps[len(tps) // 2 :])
         lines.append(f"tokens/s         {tail[len(tail) // 2]:,.0f} (median, second half)")
+    reached = _last(records, "time_to_target_s")
+    if reached:
+        lines.append(f"time to target   {reached[1]:,.1f} s (reached at step {reached[0]})")
     mfu = _last(records, "mfu")
     if mfu:
         lines.append(f"MFU              {100 * mfu[1]:.2f}% (last)")

@@ -55,6 +55,9 @@ class TrainState:
     # the scheduler reads this object: restoring changes its fields, never replaces it
     horizon: Horizon = field(default_factory=Horizon)
     budget_spent_s: float = 0.0
+    # a quality target (trainer/target.py): the step that reached it and the seconds it took
+    target_step: int = 0
+    time_to_target_s: float = 0.0
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +67,8 @@ class TrainState:
             "horizon_steps": self.horizon.total_steps,
             "horizon_decay_from": self.horizon.decay_from,
             "budget_spent_s": self.budget_spent_s,
+            "target_step": self.target_step,
+            "time_to_target_s": self.time_to_target_s,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -74,6 +79,8 @@ class TrainState:
             self.horizon.total_steps = int(state["horizon_steps"])
             self.horizon.decay_from = int(state["horizon_decay_from"])
             self.budget_spent_s = float(state["budget_spent_s"])
+        self.target_step = int(state.get("target_step", 0))  # older checkpoints lack them
+        self.time_to_target_s = float(state.get("time_to_target_s", 0.0))
 
 
 class RngState:
