@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,7 @@ def device_speed(
         gpu_measured_speed,
         load_calibration,
         measured_speed,
+        scaled_gpu_speed,
     )
     from trainer.flops import GPU_SPECS, gpu_spec
 
@@ -123,11 +125,18 @@ def device_speed(
         )
         return measured_speed(cal, model), cal.precision, how, gpu_mem
     precision, how, gpu_mem, peak = plan_gpu(args, job.train.precision)
-    measured = MEASURED_GPUS.get(spec.key) if spec else None
-    if measured and precision == "bf16" and args.mfu is None and args.overhead_ms is None:
-        ranks = args.nodes * args.gpus_per_node
-        compiled = bool(job.train.compile)
-        speed = gpu_measured_speed(spec.key, peak, measured, compiled, ranks, why)
+    ranks, compiled = args.nodes * args.gpus_per_node, bool(job.train.compile)
+    untold = args.mfu is None and args.overhead_ms is None
+    if spec is not None and precision == "bf16" and untold:
+        measured = MEASURED_GPUS.get(spec.key)
+        if measured:
+            speed = gpu_measured_speed(spec.key, peak, measured, compiled, ranks, why)
+            return speed, precision, how, gpu_mem
+        ref = min(MEASURED_GPUS, key=lambda k: abs(math.log(gpu_spec(k).half / peak)))
+        ref_peak = gpu_spec(ref).half
+        speed = scaled_gpu_speed(
+            spec.key, peak, ref, ref_peak, MEASURED_GPUS[ref], compiled, ranks, why
+        )
         return speed, precision, how, gpu_mem
     overhead = ASSUMED_OVERHEAD_S if args.overhead_ms is None else args.overhead_ms / 1e3
     mfu = ASSUMED_MFU if args.mfu is None else args.mfu

@@ -301,7 +301,12 @@ def add_plan_speed(plan: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="this machine's measured speed (`paperscale calibrate --out FILE` writes it)",
     )
-    plan.add_argument("--mfu", type=float, help="assumed MFU of a device not measured (0.4)")
+    plan.add_argument(
+        "--mfu",
+        type=float,
+        help="assumed MFU (0.4 where nothing measured applies: fp16, or with --overhead-ms); "
+        "without it a bf16 GPU is planned from the measured H200 by the ratio of peaks",
+    )
     plan.add_argument(
         "--peak-tflops",
         type=float,

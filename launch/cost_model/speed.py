@@ -14,15 +14,19 @@ gradient). The calibration measures all three on the machine at hand from steps 
 micro-batches of several sizes (launch/cost_model/calibrate.py); one process, so without the
 gradient reduction between ranks.
 
-For a GPU nobody measured here the rate is its peak (trainer/flops.py's table, or
-`--peak-tflops`) x `--mfu`, and the overhead ASSUMED_OVERHEAD_S per step (none per micro-batch)
-unless `--overhead-ms` says otherwise: about 1,200 kernels of one big-model micro-batch at ~5 us
-of launch each (6 ms, hidden only where kernels are long), the fused Adam pass over the fp32
-states (~2 ms on HBM3) and an unoverlapped share of the gradient all-reduce (~2 ms over NVLink).
-An estimate, not a measurement; the plan says so in its output. Checked against MLPerf v0.7's
-DGX A100 log (launch/cost_model/quality.py): at A100's datasheet peak, MFU 0.4 and this overhead the
-plan gives 0.153 s per step of 110,592 tokens (0.140 s with `--fill 0.91`, the share of the
-budget its batches held), where the log shows 0.130 s (472 s for 3,632 steps, with evaluation).
+A GPU model the `gpu` bench measured (MEASURED_GPUS) is planned at its measured end-to-end
+MFU; another one training in bf16 at that MFU on its own peak, by the ratio of the peaks
+(scaled_gpu_speed: the nearest measured peak is the reference). With `--mfu` or
+`--overhead-ms`, or in fp16 (V100, T4: nothing measured in that precision), the rate is the
+peak (trainer/flops.py's table, or `--peak-tflops`) x `--mfu`, and the overhead
+ASSUMED_OVERHEAD_S per step (none per micro-batch) unless `--overhead-ms` says otherwise: about
+1,200 kernels of one big-model micro-batch at ~5 us of launch each (6 ms, hidden only where
+kernels are long), the fused Adam pass over the fp32 states (~2 ms on HBM3) and an unoverlapped
+share of the gradient all-reduce (~2 ms over NVLink). An estimate, not a measurement; the plan
+says so in its output. Checked against MLPerf v0.7's DGX A100 log
+(launch/cost_model/quality.py): at A100's datasheet peak, MFU 0.4 and this overhead the plan
+gives 0.153 s per step of 110,592 tokens (0.140 s with `--fill 0.91`, the share of the budget
+its batches held), where the log shows 0.130 s (472 s for 3,632 steps, with evaluation).
 """
 
 from __future__ import annotations
@@ -194,6 +198,28 @@ def gpu_measured_speed(
         + (f" ({why})" if why else "")
     )  # fmt: skip
     return Speed(name, True, peak_flops, mfu, overhead, 0.0, line)
+
+
+def scaled_gpu_speed(
+    name: str, peak_flops: float, reference: str, reference_peak: float,
+    measured: GpuMeasurement, compiled: bool, ranks: int, why: str = "",
+) -> Speed:  # fmt: skip
+    """A GPU model nobody measured here, planned from one the `gpu` bench measured by the ratio
+    of their peaks: the reference's end-to-end MFU at this GPU's own peak (the same software
+    doing the same work, at the speed of the other chip's matmuls). Not a measurement; marked
+    so (`speed_measured` false)."""
+    mfu = measured.mfu_compiled if compiled else measured.mfu_eager
+    overhead = COMM_OVERHEAD_S if ranks > 1 else 0.0
+    line = (
+        f"{name}: not measured here; planned from {reference}'s measured MFU {mfu:.3f} "
+        f"({'torch.compile' if compiled else 'eager'}; {measured.where}) at its own peak "
+        f"{peak_flops / 1e12:g} TFLOP/s, by the ratio of peaks ({reference_peak / 1e12:g} / "
+        f"{peak_flops / 1e12:g})"
+        + (f"; + {overhead * 1e3:g} ms per step for the gradient all-reduce (assumed)"
+           if overhead else "")
+        + (f" ({why})" if why else "")
+    )  # fmt: skip
+    return Speed(name, False, peak_flops, mfu, overhead, 0.0, line)
 
 
 def calibration_applies(cal: Calibration, gpu_key: str | None, precision: str) -> str:

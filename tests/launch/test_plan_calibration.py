@@ -113,7 +113,8 @@ def test_a_gpu_the_calibration_did_not_measure_is_assumed(
     proc = _plan("--gpu", "a100", "--calibration", str(path))
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("speed"))
-    assert "A100: not measured here; assumed peak 312 TFLOP/s, MFU 0.40" in line
+    assert "A100: not measured here; planned from H200's measured MFU 0.235 (eager;" in line
+    assert "at its own peak 312 TFLOP/s, by the ratio of peaks (989 / 312)" in line
     assert f"the calibration {path} is for {cal['device_name']}" in line
     # a GPU model the `gpu` bench measured: its end-to-end MFU, and why the calibration is not used
     proc = _plan("--gpu", "h200", "--calibration", str(path))

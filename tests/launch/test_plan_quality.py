@@ -131,3 +131,24 @@ def test_a_measured_gpu_uses_its_measured_mfu_unless_told_otherwise() -> None:
     assert compiled["mfu"] == 0.319
     told = json.loads(plan_cli(*base, "--mfu", "0.5").stdout)
     assert told["speed_measured"] is False and told["mfu"] == 0.5
+
+
+@pytest.mark.parametrize(("gpu", "peak"), [("h100", 989.0), ("a100", 312.0), ("l4", 121.0)])
+def test_an_unmeasured_gpu_is_planned_from_the_measured_one_by_the_ratio_of_peaks(
+    gpu: str, peak: float
+) -> None:
+    """No `gpu` bench on it: the H200's end-to-end MFU at its own peak, marked as not
+    measured; the same work then takes the H200's compute time x 989 / peak."""
+    base = ("--config", "configs/big.yaml", "--nodes", "1", "--gpus-per-node", "1", "--json")
+    got = json.loads(plan_cli(*base, "--gpu", gpu, "--gpu-mem", "80").stdout)
+    h200 = json.loads(plan_cli(*base, "--gpu", "h200", "--gpu-mem", "80").stdout)
+    assert got["speed_measured"] is False and got["mfu"] == 0.235
+    assert got["peak_tflops"] == pytest.approx(peak)
+    assert "planned from H200's measured MFU 0.235" in got["speed_line"]
+    assert got["tokens_per_step_per_side"] == h200["tokens_per_step_per_side"]
+    assert got["compute_s"] == pytest.approx(h200["compute_s"] * 989.0 / peak)
+    compiled = json.loads(plan_cli(*base, "--gpu", gpu, "train.compile=true").stdout)
+    assert compiled["mfu"] == 0.319
+    # fp16 (V100): nothing measured in that precision, the assumed model
+    v100 = json.loads(plan_cli(*base, "--gpu", "v100").stdout)
+    assert v100["mfu"] == 0.4 and "assumed peak 125 TFLOP/s" in v100["speed_line"]
