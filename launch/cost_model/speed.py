@@ -187,17 +187,23 @@ def gpu_measured_speed(
 ) -> Speed:  # fmt: skip
     """A GPU model measured here by the `gpu` bench: its end-to-end MFU, plus the all-reduce's
     assumed share where there is more than one rank."""
-    mfu = measured.mfu_compiled if compiled else measured.mfu_eager
-    overhead = COMM_OVERHEAD_S if ranks > 1 else 0.0
+    mfu, overhead, tail = _measured_parts(measured, compiled, ranks, why)
     line = (
         f"{name}: MFU {mfu:.3f} of its {peak_flops / 1e12:g} TFLOP/s peak measured end to end "
         f"({'torch.compile' if compiled else 'eager'}; {measured.where}; bench/RESULTS.md), "
-        f"overheads of one GPU's step included"
-        + (f"; + {overhead * 1e3:g} ms per step for the gradient all-reduce (assumed)"
-           if overhead else "")
-        + (f" ({why})" if why else "")
-    )  # fmt: skip
+        f"overheads of one GPU's step included{tail}"
+    )
     return Speed(name, True, peak_flops, mfu, overhead, 0.0, line)
+
+
+def _measured_parts(
+    measured: GpuMeasurement, compiled: bool, ranks: int, why: str
+) -> tuple[float, float, str]:
+    """(MFU, overhead per step, the line's tail): the all-reduce's assumed share on > 1 rank."""
+    mfu = measured.mfu_compiled if compiled else measured.mfu_eager
+    overhead = COMM_OVERHEAD_S if ranks > 1 else 0.0
+    tail = f"; + {overhead * 1e3:g} ms per step for the gradient all-reduce (assumed)"
+    return mfu, overhead, (tail if overhead else "") + (f" ({why})" if why else "")
 
 
 def scaled_gpu_speed(
@@ -208,17 +214,13 @@ def scaled_gpu_speed(
     of their peaks: the reference's end-to-end MFU at this GPU's own peak (the same software
     doing the same work, at the speed of the other chip's matmuls). Not a measurement; marked
     so (`speed_measured` false)."""
-    mfu = measured.mfu_compiled if compiled else measured.mfu_eager
-    overhead = COMM_OVERHEAD_S if ranks > 1 else 0.0
+    mfu, overhead, tail = _measured_parts(measured, compiled, ranks, why)
     line = (
         f"{name}: not measured here; planned from {reference}'s measured MFU {mfu:.3f} "
         f"({'torch.compile' if compiled else 'eager'}; {measured.where}) at its own peak "
         f"{peak_flops / 1e12:g} TFLOP/s, by the ratio of peaks ({reference_peak / 1e12:g} / "
-        f"{peak_flops / 1e12:g})"
-        + (f"; + {overhead * 1e3:g} ms per step for the gradient all-reduce (assumed)"
-           if overhead else "")
-        + (f" ({why})" if why else "")
-    )  # fmt: skip
+        f"{peak_flops / 1e12:g}){tail}"
+    )
     return Speed(name, False, peak_flops, mfu, overhead, 0.0, line)
 
 
