@@ -22,6 +22,12 @@ from trainer.state import TrainState
 WHOLE_SPLIT = 1 << 30  # sentences: more than any validation split holds
 
 
+def bleu_samples(train: Any) -> int:
+    """Sentences the in-training BLEU decodes: train.bleu_samples, or all of the validation
+    split where BLEU is the target."""
+    return WHOLE_SPLIT if train.target_bleu > 0 else int(train.bleu_samples)
+
+
 @dataclass
 class Target:
     bleu: float  # 0: no BLEU target
@@ -38,11 +44,9 @@ class Target:
 
     @property
     def reached(self) -> bool:
-        return self.state.target_step > 0
-
-    def bleu_samples(self, configured: int) -> int:
-        """Sentences the in-training BLEU decodes: all of them where BLEU is the target."""
-        return WHOLE_SPLIT if self.bleu > 0 else configured
+        """A target is set and the run reached it (this start or one before; a run resumed
+        with its target taken away trains on)."""
+        return self.active and self.state.target_step > 0
 
     def describe(self) -> str:
         parts = [f"BLEU >= {self.bleu:g}"] if self.bleu > 0 else []

@@ -22,7 +22,7 @@ from model.search import beam_search, greedy_search
 from model.transformer import Transformer
 from trainer.dist import DistEnv
 from trainer.state import rng_preserved
-from trainer.target import WHOLE_SPLIT
+from trainer.target import bleu_samples
 
 
 def _lockstep(batches: Iterator[Any], device: torch.device) -> Iterator[Any | None]:
@@ -163,8 +163,7 @@ class Evaluator:
         self.engine, self.tokenizer, self.env = engine, tokenizer, env
         self.data_dir, self.data_cfg = Path(job.data.dir), job.data
         self.cfg, self.epsilon = job.train, job.model.label_smoothing
-        # a BLEU target is scored on the whole validation split (trainer/target.py)
-        self.bleu_samples = WHOLE_SPLIT if job.train.target_bleu > 0 else job.train.bleu_samples
+        self.bleu_samples = bleu_samples(job.train)  # all of them for a BLEU target
 
     def run(self, with_bleu: bool) -> dict[str, float]:
         """Validation loss and perplexity, and BLEU of train.bleu_samples sentences (all of

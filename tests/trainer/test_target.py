@@ -13,7 +13,7 @@ import pytest
 from launch.config import load_config
 from trainer.config import TrainConfig
 from trainer.state import TrainState
-from trainer.target import WHOLE_SPLIT, Target
+from trainer.target import WHOLE_SPLIT, Target, bleu_samples
 from trainer.validation import Evaluator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +44,7 @@ def test_bleu_target_is_reached_at_or_over_it_once(capsys: pytest.CaptureFixture
     restored = TrainState()
     restored.load_state_dict(t.state.state_dict())  # what a resumed run reads
     assert Target.of(TrainConfig(target_bleu=25.0), restored).reached
+    assert not Target.of(TrainConfig(), restored).reached  # the target taken away: trains on
 
 
 def test_nll_target_reads_the_validation_perplexity() -> None:
@@ -57,7 +58,8 @@ def test_nll_target_reads_the_validation_perplexity() -> None:
 def test_no_target_changes_nothing() -> None:
     t = target()
     assert not t.active and t.summary() == {} and t.check(5, {"bleu": 99.0}, 1.0) == {}
-    assert t.bleu_samples(200) == 200 and target(bleu=1.0).bleu_samples(200) == WHOLE_SPLIT
+    assert bleu_samples(TrainConfig()) == 200
+    assert bleu_samples(TrainConfig(target_bleu=1.0)) == WHOLE_SPLIT
 
 
 def test_a_bleu_target_decodes_the_whole_validation_split() -> None:
