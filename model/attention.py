@@ -119,7 +119,10 @@ class MultiHeadAttention(nn.Module):
 
     The h per-head projections of size d_k = d_model / h are stored as one d_model x d_model
     linear layer each for Q, K and V (with biases, as in torch.nn.MultiheadAttention), so the
-    cost matches one full-size single head, as the paper notes.
+    cost matches one full-size single head, as the paper notes. Projections of one input run
+    as one matrix product: Q, K and V of self-attention (a (3D, D) weight), K and V of
+    cross-attention ((2D, D)), the weights concatenated at each call, so parameter names,
+    checkpoints and exports are those of three separate layers.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
@@ -151,9 +154,19 @@ class MultiHeadAttention(nn.Module):
             nn.init.zeros_(proj.bias)
 
     def _split(self, x: Tensor) -> Tensor:
-        """(B, T, D) -> (B, H, T, Dk)."""
+        """(B, T, D) -> (B, H, T, Dk); x may be a slice of a wider product's last dimension."""
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dk)
+
+    def _project(self, x: Tensor, projs: tuple[nn.Linear, ...]) -> list[Tensor]:
+        """x (B, T, D) through each of `projs` as one (B*T, D) x (D, P*D) product: P heads-split
+        (B, H, T, Dk) results, as the separate layers give them."""
+        if len(projs) == 1:
+            return [self._split(projs[0](x))]
+        weight = torch.cat([p.weight for p in projs])  # (P*D, D)
+        bias = torch.cat([p.bias for p in projs])  # (P*D,)
+        y = F.linear(x, weight, bias)  # (B, T, P*D)
+        return [self._split(part) for part in y.split(self.d_model, dim=-1)]  # P x (B, H, T, Dk)
 
     def forward(
         self,
@@ -172,12 +185,15 @@ class MultiHeadAttention(nn.Module):
         `key_value` only on the first call and reuses the cached projection afterwards.
         """
         b, tq, _ = query.shape
-        q = self._split(self.q_proj(query))  # (B, H, Tq, Dk)
         if cache is not None and static_kv and cache.k is not None and cache.v is not None:
+            (q,) = self._project(query, (self.q_proj,))  # (B, H, Tq, Dk)
             k, v = cache.k, cache.v  # (B, H, S, Dk)
         else:
-            k = self._split(self.k_proj(key_value))  # (B, H, Tk, Dk)
-            v = self._split(self.v_proj(key_value))  # (B, H, Tk, Dk)
+            if key_value is query:  # self-attention: one product for Q, K and V
+                q, k, v = self._project(query, (self.q_proj, self.k_proj, self.v_proj))
+            else:
+                (q,) = self._project(query, (self.q_proj,))  # (B, H, Tq, Dk)
+                k, v = self._project(key_value, (self.k_proj, self.v_proj))  # (B, H, Tk, Dk)
             if cache is not None:
                 if not static_kv and cache.k is not None and cache.v is not None:
                     k = torch.cat([cache.k, k], dim=2)  # (B, H, L + Tq, Dk)

@@ -153,6 +153,10 @@ TINY_MODEL = [
     "data.num_workers=0",
     "optim.lr=0.003",
     "optim.warmup_steps=4",
-    "logging.wandb=offline",
+    # The sinks cost a rank start ~2.5 s of CPU (wandb's import and service, TensorBoard's
+    # import); the tests whose subject they are turn them on (TRACKED).
+    "logging.wandb=disabled",
+    "logging.tensorboard=false",
     "logging.report=false",  # report.png: tests/integration/test_tracking.py
 ]
+TRACKED = ["logging.wandb=offline", "logging.tensorboard=true"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ROOT, TINY_MODEL, cli_env
+from tests.integration.conftest import ROOT, TINY_MODEL, TRACKED, cli_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -63,6 +63,7 @@ def train_args(run_dir: Path, data: Path, max_steps: int, nproc: int = 2) -> lis
         str(run_dir),
         f"data.dir={data}",
         *TINY_MODEL,
+        *TRACKED,
         "logging.report=true",
         "train.grad_accum=1",
         "train.log_every=1",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY_MODEL, paperscale
+from tests.integration.conftest import TINY_MODEL, TRACKED, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -45,6 +45,7 @@ def test_two_ranks_train_resume_translate_evaluate(synthetic_data: Path, tmp_pat
         str(run_dir),
         f"data.dir={synthetic_data}",
         *TINY_MODEL,
+        *TRACKED,
         "train.grad_accum=2",
         "train.zero_stage=2",
         "train.precision=bf16",

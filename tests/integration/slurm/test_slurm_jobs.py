@@ -142,7 +142,7 @@ def test_preempted_job_requeues_and_matches_the_straight_run(
     straight_run: tuple[Path, str, dict[str, str]],
 ) -> None:
     run_dir = tmp_path / "run"
-    job_id = submit_tiny(slurm, synthetic_data, run_dir)
+    job_id = submit_tiny(slurm, synthetic_data, run_dir, overrides=("logging.wandb=offline",))
     log = run_dir / "logs" / f"slurm-{job_id}.out"
     deadline = time.monotonic() + 420
     while len(losses(run_dir)) < 6:
