@@ -174,6 +174,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         peak_flops=speed.peak_flops,
         overhead_s=speed.overhead_s,
         overhead_micro_s=speed.overhead_micro_s,
+        on_cpu=speed.device == "cpu",
     )
     target, target_from = target_tokens(args.target_tokens, job, machine.world)
     plan = make_plan(
@@ -209,8 +210,9 @@ def configured_batch(
     stage = plan["stages"][job.train.zero_stage]
     micro, accum = job.data.max_tokens, job.train.grad_accum
     peak = float(stage["total"]) + activation_bytes(
-        cfg, micro, plan["precision"], job.train.activation_checkpointing, job.train.compile
-    )
+        cfg, micro, plan["precision"], job.train.activation_checkpointing, job.train.compile,
+        machine.loss_chunking(),
+    )  # fmt: skip
     tokens = micro * accum * machine.world
     checkpointing = job.train.activation_checkpointing
     step = step_time(cfg, machine, tokens, args.seq_len, checkpointing, args.fill, accum)

@@ -10,10 +10,33 @@ UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
 
-# Logits per chunk of the training loss (model/loss.py): 64 MiB in fp32. Here, not in
-# model/loss.py, so that the planner (launch/cost_model/activations.py) reads it without torch.
+# Logits per chunk of the training loss on a CPU (model/loss.py): 64 MiB in fp32. Here, not
+# in model/loss.py, so that the planner (launch/cost_model/activations.py) reads it without torch.
 LOSS_CHUNK_ELEMENTS = 2**24
 LOSS_W_SLICE_ROWS = 4096  # vocabulary rows of the projection's gradient per product (model/loss.py)
+# On a GPU a chunk may take this share of the device's memory, at 4 bytes a logit (the bf16
+# logits and their softmax): 625M logits on 80 GB, a whole micro-batch of the big model at
+# MLPerf's 13,824 tokens (511M), where 2^24 made ~31 chunks of ~90 small kernels each.
+LOSS_GPU_MEMORY_SHARE = 1 / 32
+
+
+@dataclass(frozen=True)
+class LossChunking:
+    """How model/loss.py cuts the loss: logits per chunk, and vocabulary rows per product of the
+    projection's gradient (None: the whole vocabulary in one product)."""
+
+    elements: int = LOSS_CHUNK_ELEMENTS
+    w_slice_rows: int | None = LOSS_W_SLICE_ROWS
+
+
+def loss_chunking(gpu_memory_bytes: float | None) -> LossChunking:
+    """The chunking for a device: a CPU's (None) bounds each chunk to 64 MiB of fp32 logits and
+    each gradient product to 4,096 rows, as a CPU's memory and caches favour; a GPU's chunk is
+    LOSS_GPU_MEMORY_SHARE of its memory (never less than a CPU's) with one gradient product."""
+    if gpu_memory_bytes is None:
+        return LossChunking()
+    elements = max(LOSS_CHUNK_ELEMENTS, int(gpu_memory_bytes * LOSS_GPU_MEMORY_SHARE / 4))
+    return LossChunking(elements, None)
 
 
 @dataclass

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.config import LOSS_CHUNK_ELEMENTS, LOSS_W_SLICE_ROWS, PAD_ID
+from model.config import LOSS_CHUNK_ELEMENTS, LOSS_W_SLICE_ROWS, PAD_ID, LossChunking
 
 
 def label_smoothed_loss(
@@ -52,12 +52,15 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, pad_id: int
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        ctx: Any, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, pad_id: int,
+        chunking: LossChunking | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         n, v = h.shape[0], weight.shape[0]
-        rows = max(1, CHUNK_ELEMENTS // v)
+        elements = chunking.elements if chunking else CHUNK_ELEMENTS
+        rows = max(1, elements // v)
         need_grads = any(ctx.needs_input_grad[:2])  # not under no_grad (evaluation)
-        grads = _Grads(h, weight) if need_grads else None
+        slice_rows = chunking.w_slice_rows if chunking else W_SLICE_ROWS
+        grads = _Grads(h, weight, slice_rows or v) if need_grads else None
         chunk = _fp32_chunk if h.dtype == torch.float32 else _low_precision_chunk
         sums = torch.zeros(2, dtype=torch.float32, device=h.device)  # loss, nll
         for start in range(0, n, rows):
@@ -80,14 +83,15 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     ) -> tuple[Tensor | None, ...]:
         grad_h, grad_w = ctx.saved_tensors
         scale = grad_loss.to(grad_h.dtype)
-        return grad_h * scale, grad_w * grad_loss.to(grad_w.dtype), None, None, None
+        return grad_h * scale, grad_w * grad_loss.to(grad_w.dtype), None, None, None, None
 
 
 class _Grads:
     """The gradients of the summed loss for h (N, D) and W (V, D), filled chunk by chunk; W's
     accumulated in fp32 (`finish` gives it in W's dtype)."""
 
-    def __init__(self, h: Tensor, weight: Tensor) -> None:
+    def __init__(self, h: Tensor, weight: Tensor, slice_rows: int) -> None:
+        self.slice_rows = slice_rows  # vocabulary rows of W's gradient per product
         self.h = torch.empty_like(h)  # (N, D)
         self.w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # (V, D)
         self.dtype = weight.dtype
@@ -100,12 +104,14 @@ class _Grads:
 W_SLICE_ROWS = LOSS_W_SLICE_ROWS  # a module global, as CHUNK_ELEMENTS
 
 
-def _accumulate_w(acc: Tensor, p: Tensor, x: Tensor) -> None:
-    """acc (V, D) fp32 += p^T @ x for p (C, V) and x (C, D), W_SLICE_ROWS rows of V at a time:
-    neither the (V, D) product nor an fp32 copy of it is ever whole (adding a bf16 tensor into
-    an fp32 one in place makes such a copy on a CPU: 2.3x the loss's peak at the base model)."""
-    for s in range(0, acc.shape[0], W_SLICE_ROWS):
-        acc[s : s + W_SLICE_ROWS].add_(p[:, s : s + W_SLICE_ROWS].t() @ x)  # (S, D)
+def _accumulate_w(grads: _Grads, p: Tensor, x: Tensor) -> None:
+    """grads.w (V, D) fp32 += p^T @ x for p (C, V) and x (C, D), grads.slice_rows rows of V at a
+    time: on a CPU neither the (V, D) product nor an fp32 copy of it is ever whole (adding a
+    bf16 tensor into an fp32 one in place makes such a copy on a CPU: 2.3x the loss's peak at
+    the base model); a GPU's chunking takes the whole vocabulary in one product."""
+    acc, rows = grads.w, grads.slice_rows
+    for s in range(0, acc.shape[0], rows):
+        acc[s : s + rows].add_(p[:, s : s + rows].t() @ x)  # (S, D)
 
 
 def _smoothed_sums(nll: Tensor, smooth: Tensor, keep: Tensor, epsilon: float) -> Tensor:
@@ -134,7 +140,7 @@ def _fp32_chunk(
     grad.mul_(keep[:, None])
     grad = grad.to(hc.dtype)  # the dtype autograd would hand the projection
     grads.h[start : start + hc.shape[0]] = grad @ weight  # (C, D)
-    _accumulate_w(grads.w, grad, hc)
+    _accumulate_w(grads, grad, hc)
     return sums
 
 
@@ -169,18 +175,25 @@ def _low_precision_chunk(
     c = epsilon / v
     grad_h = (probs @ weight).float() - c * grads.w_sum  # (C, D)
     grads.h[start : start + hc.shape[0]] = grad_h.to(hc.dtype) * rows
-    _accumulate_w(grads.w, probs, kept_h)
+    _accumulate_w(grads, probs, kept_h)
     grads.w.sub_(c * kept_h.float().sum(0))  # (V, D) - (D,) row
     return sums
 
 
 def chunked_label_smoothed_loss(
-    h: Tensor, weight: Tensor, target: Tensor, epsilon: float, pad_id: int = PAD_ID
+    h: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    epsilon: float,
+    pad_id: int = PAD_ID,
+    chunking: LossChunking | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """`label_smoothed_loss(h @ weight^T, target, epsilon)` without the (B, T, V) logits.
 
     h (B, T, D) decoder states, weight (V, D) the output projection (the shared embedding),
     target (B, T). Same sums, in float32, and the same gradients for `h` and `weight`.
+    `chunking`: the device's (model.config.loss_chunking); None: this module's CHUNK_ELEMENTS
+    and W_SLICE_ROWS (a CPU's).
     """
     if torch.compiler.is_compiling():
         # The chunk loop would be unrolled for this batch's row count B*T, so that every new
@@ -190,5 +203,5 @@ def chunked_label_smoothed_loss(
     b, t, d = h.shape
     with torch.profiler.record_function(PROFILE_REGION):
         return _ProjectedLabelSmoothedLoss.apply(
-            h.reshape(b * t, d), weight, target.reshape(b * t), epsilon, pad_id
+            h.reshape(b * t, d), weight, target.reshape(b * t), epsilon, pad_id, chunking
         )  # (B*T, D) rows

@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from model.attention import MultiHeadAttention, build_attn_mask
 from model.cache import DecoderCache
-from model.config import PAD_ID, ModelConfig
+from model.config import PAD_ID, LossChunking, ModelConfig, loss_chunking
 from model.embedding import TransformerEmbedding
 from model.layers import DecoderLayer, EncoderLayer, FeedForward
 from model.loss import chunked_label_smoothed_loss
@@ -155,6 +155,7 @@ class Transformer(nn.Module):
         )
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
+        self.loss_chunking: LossChunking | None = None  # None: a CPU's (model/loss.py)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -190,6 +191,15 @@ class Transformer(nn.Module):
         compute. The recomputation replays the same dropout masks, so results are unchanged."""
         self.encoder.checkpoint_layers = enabled
         self.decoder.checkpoint_layers = enabled
+
+    def size_loss_for(self, device: torch.device) -> LossChunking:
+        """Cut the training loss for `device` (model.config.loss_chunking): by a CUDA device's
+        memory, as a CPU's otherwise."""
+        memory = None
+        if device.type == "cuda":
+            memory = torch.cuda.get_device_properties(device).total_memory
+        self.loss_chunking = loss_chunking(memory)
+        return self.loss_chunking
 
     def output_projection(self, h: Tensor) -> Tensor:
         """Decoder states (B, T, D) -> logits (B, T, V) through the shared embedding."""
@@ -256,4 +266,6 @@ class Transformer(nn.Module):
         if target is None:
             return self.decode(tgt_in, enc)  # (B, T, V)
         h = self.decode_hidden(tgt_in, enc, right_padded=True)  # (B, T, D)
-        return chunked_label_smoothed_loss(h, self.embed.weight, target, epsilon)
+        return chunked_label_smoothed_loss(
+            h, self.embed.weight, target, epsilon, chunking=self.loss_chunking
+        )

@@ -8,7 +8,7 @@ Pure arithmetic on the model's shapes (no torch), checked against what autograd 
 from __future__ import annotations
 
 from launch.cost_model.save import weight_bytes
-from model.config import LOSS_CHUNK_ELEMENTS, LOSS_W_SLICE_ROWS, ModelConfig
+from model.config import LossChunking, ModelConfig
 
 
 def activation_bytes_per_token(
@@ -55,25 +55,50 @@ def activation_bytes_per_token(
 
 
 def loss_workspace_bytes(
-    cfg: ModelConfig, precision: str = "bf16", compiled: bool = False
+    cfg: ModelConfig,
+    precision: str = "bf16",
+    compiled: bool = False,
+    chunking: LossChunking | None = None,
+    tokens: int | None = None,
 ) -> float:
-    """Peak bytes of the chunked loss's forward beyond its per-token terms, whatever the batch.
+    """Peak bytes of the chunked loss's forward beyond its per-token terms.
 
-    The (V, d) gradient of the projection is accumulated in fp32 (4 V d) over the chunks of C =
-    LOSS_CHUNK_ELEMENTS logits. On top of it, the larger of two moments of a chunk: in fp32 its
-    logits and their log-probabilities (8 C), in bf16 / fp16 its logits and their softmax in
-    the compute dtype (2 a C); or its gradient in the compute dtype with one slice of S =
-    LOSS_W_SLICE_ROWS rows of the (V, d) product and that slice's fp32 copy (a C + (a + 4) S d).
-    None when compiled: the fused plain loss has no chunks (its logits are per token, above).
+    The (V, d) gradient of the projection is accumulated in fp32 (4 V d) over the chunks of C
+    logits (`chunking`, model.config.loss_chunking: a CPU's by default). On top of it, the
+    larger of two moments of a chunk: in fp32 its logits and their log-probabilities (8 C), in
+    bf16 / fp16 its logits and their softmax in the compute dtype (2 a C); or its gradient in
+    the compute dtype with one slice of S rows of the (V, d) product (the chunking's slice, or
+    all V) and that slice's fp32 copy (a C + (a + 4) S d). C is the chunking's, or the
+    micro-batch's `tokens` x V logits when fewer (a GPU's one chunk); without `tokens`, the
+    bound for any batch. None when compiled: the fused plain loss has no chunks (its logits
+    are per token, above).
     """
     if compiled:
         return 0.0
+    chunking = chunking or LossChunking()
     a = weight_bytes(precision)
     assert cfg.vocab_size is not None
-    c, vd = LOSS_CHUNK_ELEMENTS, cfg.vocab_size * cfg.d_model
+    vd = cfg.vocab_size * cfg.d_model
+    c = chunking.elements
+    if tokens is not None:
+        c = min(c, tokens * cfg.vocab_size)
     first = 8 * c if a == 4 else 2 * a * c
-    sliced = (a + 4) * min(LOSS_W_SLICE_ROWS, cfg.vocab_size) * cfg.d_model
+    rows = min(chunking.w_slice_rows or cfg.vocab_size, cfg.vocab_size)
+    sliced = (a + 4) * rows * cfg.d_model
     return float(4 * vd + max(first, a * c + sliced))
+
+
+def projection_copy_bytes(
+    cfg: ModelConfig, precision: str = "bf16", checkpointing: bool = False
+) -> float:
+    """The concatenated projection weights each attention sublayer keeps for backward
+    (model/attention.py: Q, K, V of self-attention as one (3d, d) product, cross-attention's
+    K, V as one (2d, d)): 3 d^2 a per encoder layer, 5 d^2 a per decoder layer, whatever the
+    batch; with activation checkpointing only the recomputed layer's."""
+    a = weight_bytes(precision)
+    per_layer = (3 * cfg.encoder_layers, 5 * cfg.decoder_layers)
+    units = max(3, 5 if cfg.decoder_layers else 0) if checkpointing else sum(per_layer)
+    return float(units * cfg.d_model * cfg.d_model * a)
 
 
 def per_token_bytes(
@@ -101,10 +126,13 @@ def activation_bytes(
     precision: str = "bf16",
     checkpointing: bool = False,
     compiled: bool = False,
+    chunking: LossChunking | None = None,
 ) -> float:
     """Activation memory of one micro-batch of `tokens` padded tokens per side: the per-token
-    terms and, for a non-empty batch, the loss's work space."""
+    terms and, for a non-empty batch, the loss's work space under `chunking` (a CPU's when
+    None)."""
     if tokens <= 0:
         return 0.0
     per_token = per_token_bytes(cfg, precision, checkpointing, compiled)
-    return float(tokens) * per_token + loss_workspace_bytes(cfg, precision, compiled)
+    work = loss_workspace_bytes(cfg, precision, compiled, chunking, tokens)
+    return float(tokens) * per_token + work + projection_copy_bytes(cfg, precision, checkpointing)

@@ -28,8 +28,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from launch.cost_model.activations import activation_bytes, loss_workspace_bytes, per_token_bytes
-from model.config import ModelConfig
+from launch.cost_model.activations import (
+    activation_bytes,
+    loss_workspace_bytes,
+    per_token_bytes,
+    projection_copy_bytes,
+)
+from model.config import LossChunking, ModelConfig, loss_chunking
 from model.params import count_parameters
 from trainer.flops import step_flops
 
@@ -58,10 +63,15 @@ class Machine:
     peak_flops: float = H200_BF16_MEASURED
     overhead_s: float = 0.0  # per optimizer step, beyond the matmuls (launch/cost_model/speed.py)
     overhead_micro_s: float = 0.0  # per micro-batch, beyond its matmuls
+    on_cpu: bool = False  # CPU ranks (a calibrated CPU): the loss is cut as a CPU's
 
     @property
     def world(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    def loss_chunking(self) -> LossChunking:
+        """How the trainer cuts the loss on these ranks (model.config.loss_chunking)."""
+        return loss_chunking(None if self.on_cpu else self.gpu_mem_gib * GIB)
 
     def usable_bytes(self) -> float:
         """Bytes per rank the planner may fill: gpu_mem less headroom and the runtime."""
@@ -168,10 +178,14 @@ def largest_micro_batch(
     multiple: int = TOKEN_MULTIPLE,
     cap: int | None = None,
     compiled: bool = False,
+    chunking: LossChunking | None = None,
 ) -> int:
     """Largest multiple of `multiple` tokens per side whose activations fit beside the model
-    states in `usable_bytes` (0 when not even one multiple fits); at most `cap` if given."""
-    free = usable_bytes - state_bytes - loss_workspace_bytes(cfg, precision, compiled)
+    states in `usable_bytes` (0 when not even one multiple fits); at most `cap` if given. The
+    loss's work space is counted at its bound under `chunking` (a CPU's when None)."""
+    fixed = loss_workspace_bytes(cfg, precision, compiled, chunking)
+    fixed += projection_copy_bytes(cfg, precision, checkpointing)
+    free = usable_bytes - state_bytes - fixed
     per_token = per_token_bytes(cfg, precision, checkpointing, compiled)
     if free <= 0:
         return 0
@@ -241,15 +255,17 @@ def stage_plan(
     states = model_state_bytes(n_params, stage, machine.world, precision, buckets, persistent)
     states["buffers"] += module_buffer_bytes(cfg)
     states["total"] += module_buffer_bytes(cfg)
+    chunking = machine.loss_chunking()
     fit = largest_micro_batch(
-        cfg, states["total"], machine.usable_bytes(), precision, checkpointing, compiled=compiled
-    )
+        cfg, states["total"], machine.usable_bytes(), precision, checkpointing,
+        compiled=compiled, chunking=chunking,
+    )  # fmt: skip
     out: dict[str, float | int | bool] = {"stage": stage, **states}
     out["fits"] = fit > 0
     out["max_micro_tokens"] = fit
     micro, accum = choose_batch(fit, target_tokens, machine.world, tolerance) if fit else (0, 0)
     out["micro_tokens"] = micro
-    out["activations"] = activation_bytes(cfg, micro, precision, checkpointing, compiled)
+    out["activations"] = activation_bytes(cfg, micro, precision, checkpointing, compiled, chunking)
     out["grad_accum"] = accum
     out["peak"] = states["total"] + out["activations"]
     return out

@@ -140,6 +140,7 @@ class Speed:
     overhead_s: float
     overhead_micro_s: float
     line: str
+    device: str = "cuda"  # cpu for a calibrated CPU
 
     @property
     def rate(self) -> float:
@@ -167,7 +168,7 @@ def measured_speed(cal: Calibration, model: dict[str, int] | None = None) -> Spe
     if model is not None and cal.model and any(cal.model.get(k) != v for k, v in model.items()):
         line += f" (measured on d_model {cal.model.get('d_model')}: the rate depends on shapes)"
     rate, overheads = cal.flops_per_s, (cal.overhead_s, cal.overhead_micro_s)
-    return Speed(cal.device_name, True, peak, rate / peak, *overheads, line)
+    return Speed(cal.device_name, True, peak, rate / peak, *overheads, line, cal.device)
 
 
 def assumed_speed(

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from launch.cost_model.activations import loss_workspace_bytes, per_token_bytes
+from launch.cost_model.activations import (
+    loss_workspace_bytes,
+    per_token_bytes,
+    projection_copy_bytes,
+)
 from launch.cost_model.plan import (
     BATCH_TOLERANCE,
     GIB,
@@ -79,8 +83,10 @@ def test_fp32_has_no_master_copy_at_stage_0() -> None:
 
 
 def test_activations_grow_by_the_per_token_bytes_and_shrink_with_checkpointing() -> None:
-    one, work = per_token_bytes(BIG), loss_workspace_bytes(BIG)
+    one, work = per_token_bytes(BIG), loss_workspace_bytes(BIG) + projection_copy_bytes(BIG)
     assert activation_bytes(BIG, 4096) == pytest.approx(4096 * one + work)
+    # the concatenated Q/K/V (3 d^2) and cross K/V (2 d^2) weights, bf16, 6 + 6 layers
+    assert projection_copy_bytes(BIG) == (3 * 6 + 5 * 6) * 1024 * 1024 * 2
     assert activation_bytes(BIG, 0) == 0
     assert activation_bytes(BIG, 4096, checkpointing=True) < 0.6 * activation_bytes(BIG, 4096)
     assert activation_bytes(BIG, 4096, "fp32") > activation_bytes(BIG, 4096)
@@ -104,6 +110,24 @@ def test_chunked_loss_has_no_vocabulary_term_per_token_and_compiled_has_two() ->
     machine = Machine(gpus_per_node=1, gpu_mem_gib=12.0)  # neither reaches the 25k cap
     eager, compiled = make_plan(BIG, machine), make_plan(BIG, machine, compiled=True)
     assert eager["stages"][1]["max_micro_tokens"] > compiled["stages"][1]["max_micro_tokens"]
+
+
+def test_a_gpu_plan_counts_the_loss_chunk_the_trainer_takes_there() -> None:
+    """On a GPU the loss is one chunk of up to 1/32 of the memory (model.config.loss_chunking):
+    the plan's fixed work space is that bound, the chosen micro-batch's its own logits; a
+    calibrated CPU's plan keeps the CPU's 2^24-logit chunks."""
+    from model.config import loss_chunking
+
+    gpu, cpu = Machine(gpus_per_node=8, gpu_mem_gib=80.0), Machine(gpu_mem_gib=80.0, on_cpu=True)
+    assert gpu.loss_chunking() == loss_chunking(80.0 * GIB)
+    assert cpu.loss_chunking() == loss_chunking(None)
+    bound = loss_workspace_bytes(BIG, chunking=gpu.loss_chunking())
+    assert bound >= 4 * 80 * GIB / 32 / 4
+    mlperf = loss_workspace_bytes(BIG, chunking=gpu.loss_chunking(), tokens=13_824)
+    assert mlperf == 4 * 37000 * 1024 + 2 * 2 * 13_824 * 37000  # W grad; logits + softmax
+    plan = make_plan(BIG, gpu, target_tokens=110_592)
+    stage = plan["stages"][1]
+    assert stage["fits"] and stage["max_micro_tokens"] >= 13_824
 
 
 def test_micro_batch_search_is_monotone_in_memory() -> None:
@@ -334,4 +358,5 @@ def saved_and_predicted(
         predicted = tokens * (per_token_bytes(cfg, compiled=True) - 2 * vocab)
     else:
         predicted = tokens * per_token_bytes(cfg) + 2 * vocab * d
+    predicted += projection_copy_bytes(cfg)
     return sum(saved.values()), float(predicted)

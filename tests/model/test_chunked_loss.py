@@ -104,3 +104,57 @@ def test_low_precision_nll_is_capped_not_infinite() -> None:
     target = torch.tensor([[4]])
     _, nll, _ = chunked_label_smoothed_loss(h, weight, target, 0.0)
     assert nll.item() == pytest.approx(-torch.log(torch.tensor(torch.finfo(torch.float32).tiny)))
+
+
+def test_a_gpu_takes_the_whole_micro_batch_in_one_chunk_and_a_cpu_keeps_64_mib() -> None:
+    """The rule of model.config.loss_chunking: a CPU's chunk is 2^24 logits with 4,096-row
+    products; an 80 GB GPU's holds the big model's MLPerf micro-batch (13,824 tokens x 37,000)
+    whole, with one product for W's gradient; a small GPU's never drops under a CPU's."""
+    from model.config import LOSS_CHUNK_ELEMENTS, LossChunking, loss_chunking
+
+    assert loss_chunking(None) == LossChunking(LOSS_CHUNK_ELEMENTS, 4096)
+    h100 = loss_chunking(80e9)
+    assert h100.w_slice_rows is None and h100.elements >= 13_824 * 37_000
+    assert 13_824 * 37_000 // h100.elements == 0  # one chunk
+    assert loss_chunking(1e8).elements == LOSS_CHUNK_ELEMENTS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_device_sized_loss_equals_the_chunked_one(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """A GPU's chunking (one chunk, W's gradient in one product), passed as the model passes
+    it, against the CPU's cut into 1-row chunks and 16-row slices: equal values and
+    gradients (fp32 to 1e-6; bf16: sums to 1e-3, gradients to 1e-2 of their norm, bf16's
+    rounding of each chunk's product before its fp32 accumulation)."""
+    from model.config import loss_chunking
+
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 50)
+    monkeypatch.setattr(loss_module, "W_SLICE_ROWS", 16)
+    h, weight, target = inputs(4)
+    results = []
+    for chunking in (loss_chunking(80e9), None):
+        hx, wx = h.to(dtype).requires_grad_(), weight.to(dtype).requires_grad_()
+        out = chunked_label_smoothed_loss(hx, wx, target, 0.1, chunking=chunking)
+        out[0].backward()
+        results.append((out, hx.grad, wx.grad))
+    (big, hg_big, wg_big), (small, hg_small, wg_small) = results
+    tol = 1e-6 if dtype == torch.float32 else 1e-3
+    for a, b in zip(big[:2], small[:2], strict=True):
+        assert abs(a.item() - b.item()) <= tol * max(1.0, abs(b.item()))
+    assert big[2] == small[2]
+    grad_tol = 1e-6 if dtype == torch.float32 else 1e-2
+    for a, b in ((hg_big, hg_small), (wg_big, wg_small)):
+        assert a is not None and b is not None
+        assert (a.float() - b.float()).norm() <= grad_tol * max(1.0, b.float().norm().item())
+
+
+def test_the_model_sizes_its_loss_for_its_device() -> None:
+    """A CPU model keeps the CPU's chunking (the module's settings, which tests change)."""
+    from model.config import LossChunking, ModelConfig
+    from model.transformer import Transformer
+
+    model = Transformer(ModelConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32,
+                                    encoder_layers=1, decoder_layers=1))  # fmt: skip
+    assert model.loss_chunking is None
+    assert model.size_loss_for(torch.device("cpu")) == LossChunking()

@@ -158,6 +158,7 @@ def build_engine(
     # settle_job has resolved `auto` for a training run; a bench's own engine resolves it here
     attention = resolve_attention(job.train.attention, env.device.type, job.train.precision)
     model.set_attention_backends(sdpa_backends(attention.name))
+    model.size_loss_for(env.device)
     optimizer = torch.optim.Adam(
         model.parameters(),
         lr=1.0,
