@@ -340,7 +340,10 @@ def test_preempted_by_a_higher_partition_resumes_and_matches_the_straight_run(
     # slowed from step 6, so that the preemption finds it training (36 steps could end
     # before Slurm schedules the high-priority job)
     slow = {"PAPERSCALE_FAULT_SLOW_FROM_STEP": "6:1.0"}
-    job_id = submit_tiny(slurm, synthetic_data, run_dir, slow, "--partition", "low")
+    job_id = submit_tiny(
+        slurm, synthetic_data, run_dir, slow, "--partition", "low",
+        overrides=("logging.wandb=offline",),
+    )  # fmt: skip
     log = run_dir / "logs" / f"slurm-{job_id}.out"
     wait_for_steps(slurm, job_id, run_dir, 6)
     high = subprocess.run(
