@@ -38,6 +38,7 @@ from bench.common import (
 from data_pipeline.batching import Batch, Sample, collate, plan_batches, round_up
 from data_pipeline.tokenizer import EOS_ID
 from model.config import ModelConfig
+from trainer.config import compile_scope
 from trainer.ds.engine import PRECISION_DTYPES, build_engine, make_deterministic, seed_everything
 from trainer.flops import peak_flops
 from trainer.metrics import host_rss_gb
@@ -198,8 +199,9 @@ def configuration(fields: Sequence[Any], lengths: str, overrides: Sequence[str])
     # on a CPU the trainer's own peak is already a measured one, at the model's shapes
     measured_peak = matmul_peak(dtype) if cuda else peak
     memory = torch.cuda.max_memory_allocated() if cuda else host_rss_gb() * 1e9
-    compiled = bool(getattr(job.train, "compile", False))
-    name = f"ZeRO {job.train.zero_stage}, compile {'yes' if compiled else 'no'}"
+    compiled = compile_scope(job.train.compile)
+    compiled = "false" if compiled == "auto" else compiled  # build_engine compiles nothing then
+    name = f"ZeRO {job.train.zero_stage}, compile {compiled}"
     name += "" if lengths == "fixed" else f", {lengths} lengths"
     name += ", deterministic" if job.train.deterministic else ""
     case = {
@@ -224,14 +226,16 @@ def configuration(fields: Sequence[Any], lengths: str, overrides: Sequence[str])
     return [row(f"{name}: {figure}", value, unit, **case) for figure, value, unit in figures]
 
 
-# (ZeRO stage, torch.compile, lengths, train.deterministic), the most telling first; at smoke
-# size none compiled (on a CPU a compile is a minute; tests/integration/test_engine_options.py
-# trains compiled). The second prices `train.deterministic` against the first.
+# (ZeRO stage, train.compile, lengths, train.deterministic), the most telling first: eager,
+# then the GPU's default (`auto`: each layer compiled) at WMT14-like lengths; at smoke size
+# none compiled (on a CPU a compile is a minute; tests/integration/test_engine_options.py
+# trains compiled). The deterministic one prices `train.deterministic` against the first.
 CONFIGS = (
-    (1, False, "fixed", False), (1, False, "fixed", True), (1, False, "wmt14", False),
-    (1, True, "fixed", False), (2, False, "fixed", False), (2, True, "fixed", False),
+    (1, "false", "fixed", False), (1, "layers", "wmt14", False), (1, "false", "wmt14", False),
+    (1, "layers", "fixed", False), (1, "false", "fixed", True), (1, "model", "fixed", False),
+    (2, "false", "fixed", False), (2, "model", "fixed", False),
 )  # fmt: skip
-SMOKE_CONFIGS = tuple(c for c in CONFIGS if not c[1])
+SMOKE_CONFIGS = tuple(c for c in CONFIGS if c[1] == "false")
 
 
 def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> list[Row]:
@@ -253,12 +257,12 @@ def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> l
             print(f"== {name}: not started ({time.monotonic() - start:.0f} s elapsed)", flush=True)
             continue
         over = [*extra, "train.grad_accum=1", "train.precision=bf16", f"train.zero_stage={zero}",
-                f"train.compile={str(compile_).lower()}",
+                f"train.compile={compile_}",
                 f"train.deterministic={str(deterministic).lower()}"]  # fmt: skip
         kwargs = {"fields": size, "lengths": lengths, "overrides": over}
         try:
             found = in_fresh_process("gpu:configuration", kwargs, work / f"{i}.log", env,
-                                     limits[compile_])  # fmt: skip
+                                     limits[compile_ != "false"])  # fmt: skip
         except SystemExit as exc:
             print(f"== {name}: failed\n{exc}", flush=True)
             continue

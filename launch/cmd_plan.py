@@ -125,7 +125,7 @@ def device_speed(
         )
         return measured_speed(cal, model), cal.precision, how, gpu_mem
     precision, how, gpu_mem, peak = plan_gpu(args, job.train.precision)
-    ranks, compiled = args.nodes * args.gpus_per_node, bool(job.train.compile)
+    ranks, compiled = args.nodes * args.gpus_per_node, whole_model_compiled(job)
     untold = args.mfu is None and args.overhead_ms is None
     if spec is not None and precision == "bf16" and untold:
         measured = MEASURED_GPUS.get(spec.key)
@@ -142,6 +142,15 @@ def device_speed(
     mfu = ASSUMED_MFU if args.mfu is None else args.mfu
     name = spec.key if spec else "GPU (no --gpu)"
     return assumed_speed(name, peak, mfu, overhead, why), precision, how, gpu_mem
+
+
+def whole_model_compiled(job: Any) -> bool:
+    """`train.compile: model` (or true): the figures measured compiled apply, and the loss is
+    the compiler's fused one. `layers` (what `auto` picks on a GPU) is planned from the eager
+    figures, none of ours having measured it yet, with the eager chunked loss."""
+    from trainer.config import compile_scope
+
+    return compile_scope(job.train.compile) == "model"
 
 
 def calibrated_memory(cal: Calibration, args: argparse.Namespace) -> float:
@@ -185,7 +194,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         precision=precision,
         checkpointing=job.train.activation_checkpointing,
         seq_len=args.seq_len,
-        compiled=job.train.compile,
+        compiled=whole_model_compiled(job),
         tolerance=args.batch_tolerance,
         fill=args.fill,
     )
@@ -209,12 +218,12 @@ def configured_batch(
 
     stage = plan["stages"][job.train.zero_stage]
     micro, accum = job.data.max_tokens, job.train.grad_accum
+    checkpointing = job.train.activation_checkpointing
     peak = float(stage["total"]) + activation_bytes(
-        cfg, micro, plan["precision"], job.train.activation_checkpointing, job.train.compile,
+        cfg, micro, plan["precision"], checkpointing, whole_model_compiled(job),
         machine.loss_chunking(),
     )  # fmt: skip
     tokens = micro * accum * machine.world
-    checkpointing = job.train.activation_checkpointing
     step = step_time(cfg, machine, tokens, args.seq_len, checkpointing, args.fill, accum)
     return {
         "micro_tokens": micro,

@@ -129,8 +129,11 @@ class Decoder(nn.Module):
                     layer, y, memory, self_mask, cross_mask, None, None, causal,
                     use_reentrant=False,
                 )  # fmt: skip
+            elif cache is not None:  # decoding: eager, whether or not the layer is compiled
+                y = layer._call_impl(y, memory, self_mask, cross_mask, self_cache, cross_cache,
+                                     causal)  # fmt: skip
             else:
-                y = layer(y, memory, self_mask, cross_mask, self_cache, cross_cache, causal)
+                y = layer(y, memory, self_mask, cross_mask, None, None, causal)
         return self.norm(y)
 
 
@@ -200,6 +203,15 @@ class Transformer(nn.Module):
             memory = torch.cuda.get_device_properties(device).total_memory
         self.loss_chunking = loss_chunking(memory)
         return self.loss_chunking
+
+    def compile_layers(self, **kwargs: object) -> None:
+        """torch.compile each encoder and decoder layer in place (`train.compile: layers`), as
+        regions: the layers of a stack share their code, so one graph (per stack, grad mode and
+        shape class) serves all of them and compiling costs about one layer's time, not the
+        model's. Embeddings, masks and the chunked loss stay eager; decoding with a cache runs
+        the layers eagerly (its shapes change every step). Parameter names are unchanged."""
+        for layer in (*self.encoder.layers, *self.decoder.layers):
+            layer.compile(**kwargs)
 
     def output_projection(self, h: Tensor) -> Tensor:
         """Decoder states (B, T, D) -> logits (B, T, V) through the shared embedding."""

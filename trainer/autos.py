@@ -4,6 +4,7 @@
 - `train.precision`: trainer/precision.py's rule, from the GPU's compute capability, or the CPU's
   flags and a matmul measured once per machine and kept in the machine cache.
 - `train.attention`: trainer/kernels.py's rule, from the device and the precision.
+- `train.compile`: `layers` on a GPU, `false` on a CPU (compile_choice), from the device.
 
 The first start of a run writes what it decided, with the reasons, to RUN/decisions.json. Every
 later start of that run (a restart in place, a Slurm requeue, a resume, a new `train` or
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.config import compile_scope
 from trainer.kernels import resolve_attention
 from trainer.precision import PrecisionChoice, machine_choice, resolve_precision, runs_on
 
@@ -153,6 +155,24 @@ def decide_attention(
     return keep_or_decide(requested, recorded, fresh)
 
 
+def compile_choice(device_type: str) -> tuple[str, str]:
+    """`train.compile: auto`: each layer compiled as a region on a GPU, where an eager step is
+    bound by kernel launches and memory traffic between small kernels; nothing on a CPU, where
+    a first compile costs each rank minutes of CPU and no bench of ours has measured it pay."""
+    if device_type == "cuda":
+        return "layers", "a GPU: each encoder and decoder layer compiled as a region, one graph"
+    return (
+        "false",
+        "a CPU: compiling costs each rank minutes at its first step, not measured to pay",
+    )
+
+
+def decide_compile(requested: str, recorded: Decision | None, device_type: str) -> Decision:
+    """`train.compile` for the device; kept while the device type is the one it was decided on
+    (the caller passes no record otherwise)."""
+    return keep_or_decide(compile_scope(requested), recorded, lambda: compile_choice(device_type))
+
+
 def resolve_all(
     train: Mapping[str, Any],
     device_type: str,
@@ -182,14 +202,19 @@ def resolve_all(
         device_type,
         precision.value,
     )
-    if record is not None and not same_device and train["attention"] == "auto":
-        attention = Decision(
-            "auto",
-            attention.value,
-            f"{attention.reason} (decided afresh: the run moved from {record.device} to "
-            f"{device_type})",
-        )
-    return Record(device_type, {"device": device, "precision": precision, "attention": attention})
+    compiled = decide_compile(
+        str(train.get("compile", "auto")),
+        recorded.get("compile") if same_device else None,
+        device_type,
+    )
+    if record is not None and not same_device:
+        moved = f"(decided afresh: the run moved from {record.device} to {device_type})"
+        if train["attention"] == "auto":
+            attention = Decision("auto", attention.value, f"{attention.reason} {moved}")
+        if compiled.requested == "auto":
+            compiled = Decision("auto", compiled.value, f"{compiled.reason} {moved}")
+    decisions = {"device": device, "precision": precision, "attention": attention}
+    return Record(device_type, {**decisions, "compile": compiled})
 
 
 def lines(record: Record) -> list[str]:

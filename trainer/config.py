@@ -7,6 +7,27 @@ from dataclasses import dataclass
 SCHEDULES = ("inverse_sqrt", "linear")  # trainer/schedule.py
 
 
+COMPILE_SCOPES = ("false", "layers", "model", "auto")  # train.compile; `true` is `model`
+
+
+def compile_scope(value: object) -> str:
+    """`train.compile` as one of COMPILE_SCOPES when it is one: YAML's true / false (which a
+    text field holds as "True" / "False") read as model / false, as before layers existed."""
+    text = str(value).strip().lower()
+    return {"true": "model"}.get(text, text)
+
+
+COMPILE_TIMEOUT_S = 3600.0  # the watchdog's least timeout while a run compiles
+
+
+def watchdog_timeout_s(train: TrainConfig) -> float:
+    """How long a phase of the loop may take before the watchdog ends the process:
+    train.dist_timeout_s, and at least COMPILE_TIMEOUT_S where the run compiles anything (its
+    first steps compile)."""
+    compiles = compile_scope(train.compile) not in ("false", "auto")
+    return max(float(train.dist_timeout_s), COMPILE_TIMEOUT_S if compiles else 0.0)
+
+
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
@@ -129,7 +150,11 @@ class TrainConfig:
     # SDPA kernel: auto (trainer/kernels.py's rule for the device and precision) | default
     # (torch's choice per call) | math | flash | efficient | cudnn
     attention: str = "auto"
-    compile: bool = False  # torch.compile the model's forward (through DeepSpeed's engine.compile)
+    # torch.compile: false | layers (each encoder and decoder layer as a region: one graph that
+    # every layer reuses, the loss eager) | model (the whole forward through DeepSpeed's
+    # engine.compile, the loss fused by the compiler; `true` says the same) | auto
+    # (trainer/autos.py: layers on a GPU, false on a CPU)
+    compile: str = "auto"
     compile_mode: str = "default"  # one of COMPILE_MODES (torch.compile's `mode`)
 
     def problems(self) -> list[tuple[str, str]]:
@@ -166,6 +191,9 @@ class TrainConfig:
         if self.attention not in ATTENTION_NAMES:
             names = ", ".join(ATTENTION_NAMES)
             out.append(("attention", f"must be one of {names}, got {self.attention!r}"))
+        if compile_scope(self.compile) not in COMPILE_SCOPES:
+            scopes = ", ".join(COMPILE_SCOPES)
+            out.append(("compile", f"must be one of {scopes}, got {self.compile!r}"))
         if self.compile_mode not in COMPILE_MODES:
             modes = ", ".join(COMPILE_MODES)
             out.append(("compile_mode", f"must be one of {modes}, got {self.compile_mode!r}"))

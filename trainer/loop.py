@@ -25,6 +25,7 @@ from trainer.budget import Budget
 from trainer.checkpoint.disk import CheckpointError
 from trainer.checkpoint.manager import CheckpointManager, export_source
 from trainer.checkpoint.safe_load import forbid_code_in_checkpoints
+from trainer.config import watchdog_timeout_s
 from trainer.dist import DistEnv, broadcast_str, init_distributed
 from trainer.ds.config import ask_grad_norm, step_guards_update
 from trainer.ds.engine import build_engine, make_deterministic, seed_everything
@@ -55,7 +56,6 @@ from trainer.validation import Evaluator
 
 __all__ = ["PrecisionError", "train"]
 
-COMPILE_TIMEOUT_S = 3600.0  # the watchdog's least timeout for a compiled model (see Trainer)
 EXIT_MARGIN_S = 5.0  # of train.stop_grace_s, kept for leaving after the save
 
 
@@ -186,7 +186,7 @@ class Trainer:
     def guarded(self) -> LoopGuard:
         """The loop's signal handler (a stop request finishes the step and saves) and the
         watchdog (a phase past train.dist_timeout_s ends the process; compiling: 1 h at least)."""
-        timeout = max(self.cfg.dist_timeout_s, COMPILE_TIMEOUT_S if self.cfg.compile else 0)
+        timeout = watchdog_timeout_s(self.cfg)
         stacks = self.run.watchdog_stacks(attempts.attempt_key(), self.env.rank)
         self.watchdog = Watchdog(timeout, stacks)
         return LoopGuard(self.stop_request, self.watchdog)

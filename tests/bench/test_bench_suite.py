@@ -53,15 +53,15 @@ def _gpu_configurations(outcome: suite.Outcome) -> None:
     }
     cases = sorted({key[:4] for key in figures})
     assert cases == [
-        (1, False, "fixed", False), (1, False, "fixed", True), (1, False, "wmt14", False),
-        (2, False, "fixed", False),
+        (1, "false", "fixed", False), (1, "false", "fixed", True), (1, "false", "wmt14", False),
+        (2, "false", "fixed", False),
     ]  # fmt: skip
     for case in cases:
         assert figures[(*case, "tokens/s")] > 0
         assert figures[(*case, "s")] > 0
         assert 0 < figures[(*case, "loss")] < 10  # ~ln(64) at the start
         assert (figures[(*case, "%")] > 0) == (case[2] == "wmt14")
-    plain, strict = (1, False, "fixed", False), (1, False, "fixed", True)
+    plain, strict = (1, "false", "fixed", False), (1, "false", "fixed", True)
     assert figures[(*strict, "loss")] == figures[(*plain, "loss")]
 
 

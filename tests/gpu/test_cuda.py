@@ -144,6 +144,7 @@ def train_on_cuda(run_dir: Path, data: Path, max_steps: int, cwd: Path, *extra: 
         "train.precision=bf16", "train.grad_accum=2", "train.zero_stage=2",
         "train.log_every=1", "train.eval_every=4", "train.save_every=4", "train.async_save=true",
         "train.bleu_samples=4", "logging.wandb=disabled", "logging.tensorboard=false",
+        "train.compile=false",  # compiled layers: bench gpu's `compile layers` rows
         f"train.max_steps={max_steps}", *extra,
         cwd=cwd, timeout=300, env=CUDA_ENV,
     )  # fmt: skip

@@ -25,17 +25,22 @@ def test_activation_checkpointing_gives_the_same_losses(
 
 
 def test_torch_compile_trains_like_eager(synthetic_data: Path, tmp_path: Path) -> None:
-    """One rank under ZeRO 2 (each rank compiles the same graphs, a minute or more of CPU each
-    on a CPU without AVX-512: a second rank would add only that)."""
+    """`train.compile=true` (the whole model) and `layers` (each layer a region: what `auto`
+    picks on a GPU) through the real engine, evaluation and export. One rank under ZeRO 2
+    (each rank compiles the same graphs, a minute or more of CPU each on a CPU without
+    AVX-512: a second rank would add only that)."""
     # Without dropout: compiled kernels draw their random numbers from another stream.
-    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    eager = tmp_path / "eager"
     common = ("model.dropout=0.0", "train.save_every=0")
     train(eager, synthetic_data, 2, 3, tmp_path, *common, nproc=1)
-    train(compiled, synthetic_data, 2, 3, tmp_path, *common, "train.compile=true", nproc=1)
-    assert len(losses(compiled)) == 3
-    assert losses(compiled) == pytest.approx(losses(eager), rel=1e-4)
-    # The compiled run's checkpoint is an ordinary one: its export holds the same names and
-    # shapes (no wrapper prefix), so export, average and translate need nothing special.
     a = load_file(str(eager / "model" / "model.safetensors"))
-    b = load_file(str(compiled / "model" / "model.safetensors"))
-    assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
+    for scope in ("true", "layers"):
+        compiled = tmp_path / f"compiled-{scope}"
+        train(compiled, synthetic_data, 2, 3, tmp_path, *common, f"train.compile={scope}",
+              nproc=1)  # fmt: skip
+        assert len(losses(compiled)) == 3
+        assert losses(compiled) == pytest.approx(losses(eager), rel=1e-4), scope
+        # The compiled run's checkpoint is an ordinary one: its export holds the same names
+        # and shapes (no wrapper prefix), so export, average and translate need nothing special.
+        b = load_file(str(compiled / "model" / "model.safetensors"))
+        assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}

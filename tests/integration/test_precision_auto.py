@@ -89,7 +89,12 @@ def test_a_start_before_any_checkpoint_keeps_the_first_starts_decision(
     run = tmp_path / "run"
     train(run, synthetic_data, 2, "1", tmp_path, ok=False)
     assert not (run / "checkpoints/latest").exists()
-    assert decided(run) == {"device": "cpu", "precision": "bf16", "attention": "math"}
+    assert decided(run) == {
+        "device": "cpu",
+        "precision": "bf16",
+        "attention": "math",
+        "compile": "false",
+    }
     out = train(run, synthetic_data, 2, "0", tmp_path)
     kept_line(out, "bf16", "fp32")
     assert "attention auto -> math: " in out and decided(run)["precision"] == "bf16"

@@ -41,6 +41,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         ("train.device=cuda", "train.device"),  # no GPU here
         ("train.save_every_minutes=-1", "train.save_every_minutes"),
         ("train.bleu_beam=0", "train.bleu_beam"),
+        ("train.compile=sometimes", "train.compile"),
     ],
 )
 def test_bad_override_exits_2_naming_the_key(

@@ -19,7 +19,8 @@ from trainer.precision import (
     cpu_has_native_bf16,
 )
 
-TRAIN = {"device": "auto", "precision": "auto", "attention": "auto"}
+TRAIN = {"device": "auto", "precision": "auto", "attention": "auto", "compile": "auto"}
+CPU_COMPILE = "a CPU: compiling costs each rank minutes at its first step, not measured to pay"
 FP32_HERE = PrecisionChoice("fp32", "this CPU has no native bf16")
 BF16_HERE = PrecisionChoice("bf16", "this CPU has native bf16")
 
@@ -34,11 +35,12 @@ def resolve(
 
 def test_a_first_start_decides_and_states_each_auto() -> None:
     record = resolve(None, FP32_HERE)
-    assert autos.values(record) == {"precision": "fp32", "attention": "flash"}
+    assert autos.values(record) == {"precision": "fp32", "attention": "flash", "compile": "false"}
     assert autos.lines(record) == [
         "device auto -> cpu: no CUDA device",
         "precision auto -> fp32: this CPU has no native bf16",
         "attention auto -> flash: fp32 on a CPU, where flash is the faster kernel",
+        f"compile auto -> false: {CPU_COMPILE}",
     ]
 
 
@@ -49,7 +51,7 @@ def test_later_starts_keep_the_record_and_name_the_machines_own_pick(tmp_path: P
     assert first is not None and autos.values(first)["precision"] == "bf16"
 
     later = resolve(first, FP32_HERE)  # this machine alone would train in fp32
-    assert autos.values(later) == {"precision": "bf16", "attention": "math"}
+    assert autos.values(later) == {"precision": "bf16", "attention": "math", "compile": "false"}
     precision = later.decisions["precision"]
     assert precision.line("precision") == (
         "precision auto -> bf16: as the run's first start decided (this CPU has native bf16); "
@@ -58,16 +60,22 @@ def test_later_starts_keep_the_record_and_name_the_machines_own_pick(tmp_path: P
     same = resolve(first, BF16_HERE)
     assert same.decisions["precision"].reason.endswith("(as the run's first start decided)")
     # the run's own config.yaml (restart in place, requeue) holds the resolved value
-    requeued = resolve(first, FP32_HERE, precision="bf16", attention="math")
+    requeued = resolve(first, FP32_HERE, precision="bf16", attention="math", compile="False")
     assert requeued.decisions["precision"].requested == "auto"
-    assert autos.values(requeued) == {"precision": "bf16", "attention": "math"}
+    assert requeued.decisions["compile"].requested == "auto"
+    assert autos.values(requeued) == {"precision": "bf16", "attention": "math", "compile": "false"}
 
 
 def test_a_value_set_in_the_config_is_taken_as_given() -> None:
     first = resolve(None, BF16_HERE)
-    explicit = resolve(first, BF16_HERE, precision="fp32", attention="efficient")
+    explicit = resolve(first, BF16_HERE, precision="fp32", attention="efficient", compile="True")
     assert explicit.decisions["precision"] == Decision("fp32", "fp32", "set in the config")
-    assert autos.values(explicit) == {"precision": "fp32", "attention": "efficient"}
+    assert explicit.decisions["compile"] == Decision("model", "model", "set in the config")
+    assert autos.values(explicit) == {
+        "precision": "fp32",
+        "attention": "efficient",
+        "compile": "model",
+    }
     assert autos.lines(explicit) == ["device auto -> cpu: no CUDA device"]
 
 
@@ -92,8 +100,28 @@ def test_the_attention_kernel_is_decided_afresh_on_another_device() -> None:
         },
     )
     here = resolve(on_gpu, FP32_HERE)
-    assert autos.values(here) == {"precision": "bf16", "attention": "math"}
+    assert autos.values(here) == {"precision": "bf16", "attention": "math", "compile": "false"}
     assert "decided afresh: the run moved from cuda to cpu" in here.decisions["attention"].reason
+
+
+def test_compile_auto_is_layers_on_a_gpu_false_on_a_cpu_and_kept_on_that_device() -> None:
+    """From the device alone: each layer compiled on a GPU, nothing on a CPU; a run recorded on
+    a GPU keeps `layers` there and decides afresh (false) where it moves to a CPU."""
+    on_gpu = autos.resolve_all(
+        TRAIN, "cuda", 1024, 4096, None, None,
+        choose_precision=lambda: PrecisionChoice("bf16", "compute capability 9.0"),
+    )  # fmt: skip
+    assert on_gpu.decisions["compile"].value == "layers"
+    assert "compile auto -> layers: a GPU" in autos.lines(on_gpu)[-1]
+    again = autos.resolve_all(
+        {**TRAIN, **autos.values(on_gpu)}, "cuda", 1024, 4096, on_gpu, None,
+        choose_precision=lambda: PrecisionChoice("bf16", "compute capability 9.0"),
+    )  # fmt: skip
+    assert again.decisions["compile"].requested == "auto"
+    assert again.decisions["compile"].value == "layers"
+    moved = resolve(on_gpu, BF16_HERE)
+    assert moved.decisions["compile"].value == "false"
+    assert "decided afresh: the run moved from cuda to cpu" in moved.decisions["compile"].reason
 
 
 def test_a_damaged_record_is_one_line_naming_it(tmp_path: Path) -> None:

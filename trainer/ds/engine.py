@@ -19,7 +19,7 @@ from data_pipeline.tokenizer import Tokenizer
 from model.config import ModelConfig
 from model.transformer import Transformer
 from trainer import inductor_cache_for_this_cpu_capability
-from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfig
+from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfig, compile_scope
 from trainer.dist import DistEnv
 from trainer.ds.config import build_ds_config
 from trainer.kernels import resolve_attention, sdpa_backends
@@ -183,8 +183,12 @@ def build_engine(
         lr_scheduler=scheduler,
         config=build_ds_config(job.train, job.optim, env.world_size, load_universal),
     )
-    if job.train.compile:
+    scope = compile_scope(job.train.compile)
+    if scope in ("model", "layers"):
         # nn.Module.compile in place: parameter names, and so checkpoints, stay the same.
         kwargs = {"mode": job.train.compile_mode, **compile_for_varying_shapes()}
-        engine.compile(compile_kwargs=kwargs)
+        if scope == "model":
+            engine.compile(compile_kwargs=kwargs)
+        else:
+            model.compile_layers(**kwargs)
     return engine
