@@ -160,3 +160,21 @@ TINY_MODEL = [
     "logging.report=false",  # report.png: tests/integration/test_tracking.py
 ]
 TRACKED = ["logging.wandb=offline", "logging.tensorboard=true"]
+
+
+def compiled_in_fresh_python(call: str, timeout: float = 540) -> object:
+    """`call` (an expression over `module:function` imported as `from module import function`,
+    e.g. "tests.launch.test_plan:saved_and_predicted(64, compiled=True)") evaluated in a fresh
+    interpreter, its JSON result returned: a crash of compiled code fails the calling test and
+    not the pytest worker, and the compiler's counters start at zero. Inductor compiles on one
+    thread (the suite's workers share 2 cores)."""
+    import json
+
+    target, args = call.split("(", 1)
+    module, function = target.split(":")
+    code = f"import json; from {module} import {function}; print(json.dumps({function}({args}))"
+    env = {**cli_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])

@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +28,7 @@ from launch.cost_model.plan import (
     stage_plan,
 )
 from model.config import LOSS_CHUNK_ELEMENTS, ModelConfig
-from tests.integration.conftest import cli_env
+from tests.integration.conftest import compiled_in_fresh_python
 from tests.launch.conftest import plan_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -305,15 +303,8 @@ def test_activation_estimate_matches_what_autograd_saves(
     test and not the pytest worker."""
     shape = (d, f, heads, vocab, layers)
     if compiled:
-        code = (
-            "import json, sys; from tests.launch.test_plan import saved_and_predicted; "
-            f"print(json.dumps(saved_and_predicted(*{shape!r}, compiled=True)))"
-        )
-        env = {**cli_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=540)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        measured, predicted = json.loads(proc.stdout.splitlines()[-1])
+        call = f"tests.launch.test_plan:saved_and_predicted(*{shape!r}, compiled=True)"
+        measured, predicted = compiled_in_fresh_python(call)  # type: ignore[misc]
     else:
         measured, predicted = saved_and_predicted(*shape, compiled=False)
     assert measured == pytest.approx(predicted, rel=0.03)

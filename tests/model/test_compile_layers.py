@@ -7,14 +7,11 @@ the pytest worker, and the compile counters start at zero."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import cli_env
+from tests.integration.conftest import compiled_in_fresh_python
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -73,15 +70,8 @@ def compare(dtype_name: str) -> dict[str, float]:
 def test_compiled_layers_give_the_eager_loss_and_gradients(dtype: str, tol: float) -> None:
     """Tolerances: fp32 1e-5 relative (the compiler fuses and reorders float sums), bf16 3e-2
     (each fused kernel rounds to bf16 once where eager rounds every op)."""
-    code = (
-        "import json; from tests.model.test_compile_layers import compare; "
-        f"print(json.dumps(compare({dtype!r})))"
-    )
-    env = {**cli_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=540)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.splitlines()[-1])
+    got = compiled_in_fresh_python(f"tests.model.test_compile_layers:compare({dtype!r})")
+    assert isinstance(got, dict)
     assert got["loss_rel"] <= tol and got["grad_rel"] <= tol * 10, got
     assert got["grads"] == 1.0, got  # every parameter got its gradient through the regions
     # one graph per stack (encoder layer, decoder layer), whatever the number of layers
