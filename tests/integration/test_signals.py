@@ -14,7 +14,7 @@ import pytest
 from tests.integration.conftest import TINY_MODEL, WORKERS, cli_env, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def logged_steps(run_dir: Path) -> list[int]:

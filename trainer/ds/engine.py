@@ -21,6 +21,7 @@ from model.transformer import Transformer
 from trainer import inductor_cache_for_this_cpu_capability
 from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfig, compile_scope
 from trainer.dist import DistEnv
+from trainer.ds.adam import adam
 from trainer.ds.config import build_ds_config
 from trainer.kernels import resolve_attention, sdpa_backends
 from trainer.schedule import Horizon, build_scheduler
@@ -159,8 +160,10 @@ def build_engine(
     attention = resolve_attention(job.train.attention, env.device.type, job.train.precision)
     model.set_attention_backends(sdpa_backends(attention.name))
     model.size_loss_for(env.device)
-    optimizer = torch.optim.Adam(
+    scope = compile_scope(job.train.compile)
+    optimizer = adam(
         model.parameters(),
+        compiled=scope != "false",
         lr=1.0,
         betas=(job.optim.beta1, job.optim.beta2),
         eps=job.optim.eps,
@@ -183,7 +186,6 @@ def build_engine(
         lr_scheduler=scheduler,
         config=build_ds_config(job.train, job.optim, env.world_size, load_universal),
     )
-    scope = compile_scope(job.train.compile)
     if scope in ("model", "layers"):
         # nn.Module.compile in place: parameter names, and so checkpoints, stay the same.
         kwargs = {"mode": job.train.compile_mode, **compile_for_varying_shapes()}
