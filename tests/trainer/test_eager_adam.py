@@ -75,6 +75,9 @@ def test_the_engine_picks_torchs_adam_where_it_compiles() -> None:
     assert plain_methods() is not None  # this torch wraps them as trainer/ds/adam.py reads
     assert type(adam(params, compiled=False)) is EagerAdam
     assert type(adam(params, compiled=True)) is torch.optim.Adam
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    assert EagerAdam in ZERO_SUPPORTED_OPTIMIZERS  # no "untested optimizer" warning from ZeRO
 
 
 def test_a_fresh_process_trains_with_it_and_never_imports_the_compiler() -> None:

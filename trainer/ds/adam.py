@@ -83,4 +83,17 @@ def adam(params: Iterable[Any], compiled: bool, **kwargs: Any) -> Adam:
     wraps its methods as the module describes, else `torch.optim.Adam`."""
     if compiled or plain_methods() is None:
         return Adam(params, **kwargs)
+    register_with_zero()
     return EagerAdam(params, **kwargs)
+
+
+def register_with_zero() -> None:
+    """Name EagerAdam among the optimizers ZeRO supports (it is torch's Adam): DeepSpeed checks
+    the exact type and otherwise warns that an untested optimizer is in use."""
+    from trainer.ds.engine import import_deepspeed
+
+    import_deepspeed()  # (its Muon module loaded its way first)
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    if EagerAdam not in ZERO_SUPPORTED_OPTIMIZERS:
+        ZERO_SUPPORTED_OPTIMIZERS.append(EagerAdam)
