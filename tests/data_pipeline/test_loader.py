@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import tarfile
 from collections import Counter
 from collections.abc import Callable
@@ -174,6 +175,20 @@ def test_batch_to_device(prepared: Path) -> None:
     b = run(TokenBatchStream(prepared, "valid", data_cfg(num_workers=0), shuffle=False), 1)[0]
     c = b.to("cpu", non_blocking=True)
     assert torch.equal(c.src, b.src) and c.keys == b.keys and c.n_tgt_tokens == b.n_tgt_tokens
+
+
+def test_a_pickled_batch_carries_arrays_and_comes_back_whole(prepared: Path) -> None:
+    """What a loader worker sends its rank: the ids as bytes in the pickle (no tensor, whose
+    shared-memory segment would cross on a connection of its own), the same batch out."""
+    b = run(TokenBatchStream(prepared, "valid", data_cfg(num_workers=0), shuffle=False), 1)[0]
+    data = pickle.dumps(b)
+    assert b"torch" not in data  # no tensor, storage or torch reduction inside
+    c = pickle.loads(data)
+    for name in ("src", "tgt_in", "tgt_out"):
+        assert getattr(c, name).dtype == torch.int64
+        assert torch.equal(getattr(c, name), getattr(b, name))
+    assert (c.keys, c.src_text, c.tgt_text) == (b.keys, b.src_text, b.tgt_text)
+    assert (c.n_src_tokens, c.n_tgt_tokens) == (b.n_src_tokens, b.n_tgt_tokens)
 
 
 def test_epoch_union_across_ranks_is_the_manifest(prepared: Path) -> None:
