@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from data_pipeline.batching import BATCHING_VERSION, Batch
-from data_pipeline.config import DataConfig
+from data_pipeline.config import DataConfig, resolved_workers
 from data_pipeline.dealing import Dealing, parts_for
 from data_pipeline.manifest import read_manifest
 from data_pipeline.position import Counters, WorkerPosition, progress_from_json, progress_to_json
@@ -116,7 +116,8 @@ class TokenBatchStream:
                 f"(have {', '.join(self.manifest['splits'])})"
             )
         self.split = split
-        self.cfg = cfg
+        # `auto` outside a run's decisions: decided for this host (data_pipeline/config.py)
+        self.cfg = replace(cfg, num_workers=resolved_workers(cfg.num_workers))
         self.rank = rank
         self.world_size = world_size
         self.shuffle = shuffle
@@ -124,7 +125,7 @@ class TokenBatchStream:
         self.start_epoch = start_epoch
         self.pin_memory = pin_memory
         self.text = split != "train" if text is None else text
-        self.num_workers = max(1, cfg.num_workers)  # logical producers per rank
+        self.num_workers = max(1, self.cfg.num_workers)  # logical producers per rank
         shards = self.manifest["splits"][split]["shards"]
         self.n_shards = len(shards)
         self._ctx = self._context(shards, epochs)

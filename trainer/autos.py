@@ -5,6 +5,9 @@
   flags and a matmul measured once per machine and kept in the machine cache.
 - `train.attention`: trainer/kernels.py's rule, from the device and the precision.
 - `train.compile`: `layers` on a GPU, `false` on a CPU (compile_choice), from the device.
+- `data.num_workers`: 1 on a CPU; on a GPU one per spare core of each rank, at most 2
+  (data_pipeline/config.py's workers_for), from the device, the cores and the ranks per node.
+  It deals the data (a worker is a slot of the order), so it is kept even where the run moves.
 
 The first start of a run writes what it decided, with the reasons, to RUN/decisions.json. Every
 later start of that run (a restart in place, a Slurm requeue, a resume, a new `train` or
@@ -27,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from data_pipeline.config import host_workers
 from trainer.config import compile_scope
 from trainer.kernels import resolve_attention
 from trainer.precision import PrecisionChoice, machine_choice, resolve_precision, runs_on
@@ -173,6 +177,18 @@ def decide_compile(requested: str, recorded: Decision | None, device_type: str) 
     return keep_or_decide(compile_scope(requested), recorded, lambda: compile_choice(device_type))
 
 
+def decide_workers(
+    requested: str, recorded: Decision | None, pick: Callable[[], tuple[int, str]]
+) -> Decision:
+    """`data.num_workers`: the record's, else `pick()`'s (workers_for on this host)."""
+
+    def fresh() -> tuple[str, str]:
+        n, reason = pick()
+        return str(n), reason
+
+    return keep_or_decide(requested, recorded, fresh)
+
+
 def resolve_all(
     train: Mapping[str, Any],
     device_type: str,
@@ -181,6 +197,8 @@ def resolve_all(
     record: Record | None,
     saved_precision: str | None,
     choose_precision: Callable[[], PrecisionChoice] | None = None,
+    workers: str = "1",
+    pick_workers: Callable[[], tuple[int, str]] | None = None,
 ) -> Record:
     """Every decision of a start, from the config's `train` values, the run's record and the
     checkpoint's precision. Raises DecisionError when the run cannot continue here."""
@@ -214,7 +232,9 @@ def resolve_all(
         if compiled.requested == "auto":
             compiled = Decision("auto", compiled.value, f"{compiled.reason} {moved}")
     decisions = {"device": device, "precision": precision, "attention": attention}
-    return Record(device_type, {**decisions, "compile": compiled})
+    pick = pick_workers or (lambda: host_workers(device_type))
+    num_workers = decide_workers(str(workers), recorded.get("num_workers"), pick)
+    return Record(device_type, {**decisions, "compile": compiled, "num_workers": num_workers})
 
 
 def lines(record: Record) -> list[str]:
@@ -222,6 +242,16 @@ def lines(record: Record) -> list[str]:
     return [d.line(k) for k, d in record.decisions.items() if d.requested == "auto"]
 
 
+DATA_KEYS = ("num_workers",)  # decisions of `data.<key>`; the others are `train.<key>`
+
+
 def values(record: Record) -> dict[str, str]:
     """The `train.<key>` values the run trains with (the device is the DistEnv's)."""
-    return {k: d.value for k, d in record.decisions.items() if k != "device"}
+    skip = ("device", *DATA_KEYS)
+    return {k: d.value for k, d in record.decisions.items() if k not in skip}
+
+
+def data_values(record: Record) -> dict[str, int]:
+    """The `data.<key>` values the run trains with (a record from before one was decided
+    has none: the config's value stands)."""
+    return {k: int(d.value) for k, d in record.decisions.items() if k in DATA_KEYS}

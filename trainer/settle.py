@@ -49,10 +49,17 @@ class SettledJob:
 
 def with_train(job: Job, resolved: dict[str, Any], **changes: Any) -> tuple[Job, dict[str, Any]]:
     """A copy of the job and of its resolved config with `train.<key>` values changed."""
+    return with_section(job, resolved, "train", **changes)
+
+
+def with_section(
+    job: Job, resolved: dict[str, Any], section: str, **changes: Any
+) -> tuple[Job, dict[str, Any]]:
+    """A copy of the job and of its resolved config with `<section>.<key>` values changed."""
     new_resolved = copy.deepcopy(resolved)
-    new_resolved["train"].update(changes)
-    new_job = dataclasses.replace(job, train=dataclasses.replace(job.train, **changes))  # type: ignore[type-var]
-    return new_job, new_resolved
+    new_resolved[section].update(changes)
+    part = dataclasses.replace(getattr(job, section), **changes)  # type: ignore[type-var]
+    return dataclasses.replace(job, **{section: part}), new_resolved  # type: ignore[type-var]
 
 
 def agree_on_decisions(
@@ -67,6 +74,7 @@ def agree_on_decisions(
             record = autos.resolve_all(
                 vars(job.train), env.device.type, model_cfg.d_model, model_cfg.d_ff,
                 autos.read_record(run.decisions) if run else None, saved,
+                workers=str(job.data.num_workers),
             )  # fmt: skip
             answer = [record, None]
             for line in autos.lines(record):
@@ -121,6 +129,7 @@ def settle_job(job: Job, run: RunDir, resolved: dict[str, Any], env: DistEnv) ->
     saved = None if tag is None else saved_setting(ckpts, tag, "train", "precision")
     record = agree_on_decisions(job, env, model_cfg, run, saved)
     job, resolved = with_train(job, resolved, **autos.values(record))
+    job, resolved = with_section(job, resolved, "data", **autos.data_values(record))
     precision = record.decisions["precision"]
     choice = PrecisionChoice(precision.value, precision.reason)
     universal = tag is not None and ckpts.saved_world_size(tag) != env.world_size

@@ -84,19 +84,26 @@ def test_resume_keeps_the_checkpoints_precision(
 def test_a_start_before_any_checkpoint_keeps_the_first_starts_decision(
     synthetic_data: Path, tmp_path: Path
 ) -> None:
-    """The first start decides bf16 and dies after step 1, before its first save; the next
-    start, where this machine alone would pick fp32, trains in bf16 from the record and says so."""
+    """The first start decides bf16 (and one loader worker) and dies after step 1, before its
+    first save; the next start, where this machine alone would pick fp32, trains in bf16 from
+    the record and says so."""
     run = tmp_path / "run"
-    train(run, synthetic_data, 2, "1", tmp_path, ok=False)
+    workers = "data.num_workers=auto"  # (TINY_MODEL sets 0) decided too, and kept alike
+    train(run, synthetic_data, 2, "1", tmp_path, workers, ok=False)
     assert not (run / "checkpoints/latest").exists()
     assert decided(run) == {
         "device": "cpu",
         "precision": "bf16",
         "attention": "math",
         "compile": "false",
+        "num_workers": "1",
     }
-    out = train(run, synthetic_data, 2, "0", tmp_path)
+    out = train(run, synthetic_data, 2, "0", tmp_path, workers)
     kept_line(out, "bf16", "fp32")
+    assert (
+        "num_workers auto -> 1: a CPU: one worker per rank reads ahead while the rank "
+        "computes (as the run's first start decided)" in out
+    )
     assert "attention auto -> math: " in out and decided(run)["precision"] == "bf16"
     assert json.loads((run / "summary.json").read_text())["precision"] == "bf16"
 

@@ -53,7 +53,7 @@ def test_runs_idle_loaded_and_deterministic_give_the_same_losses(
     assert len(reference) == STEPS
     assert_same_decisions(loaded, idle)
     assert losses(loaded) == reference  # bitwise
-    assert set(decided(idle)) == {"device", "precision", "attention", "compile"}
+    assert set(decided(idle)) == {"device", "precision", "attention", "compile", "num_workers"}
 
 
 def test_one_rank_on_two_threads_idle_and_loaded_gives_the_same_losses(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import busy_processes
+from data_pipeline.config import DataConfig, workers_for
 from trainer import autos
 from trainer.autos import Decision, Record
 from trainer.machine_cache import MachineCache
@@ -122,6 +123,45 @@ def test_compile_auto_is_layers_on_a_gpu_false_on_a_cpu_and_kept_on_that_device(
     moved = resolve(on_gpu, BF16_HERE)
     assert moved.decisions["compile"].value == "false"
     assert "decided afresh: the run moved from cuda to cpu" in moved.decisions["compile"].reason
+
+
+@pytest.mark.parametrize(
+    ("device", "cores", "ranks", "workers"),
+    [("cpu", 2, 2, 1), ("cpu", 64, 1, 1), ("cuda", 16, 8, 1), ("cuda", 24, 8, 2),
+     ("cuda", 96, 8, 2), ("cuda", 4, 8, 1)],
+)  # fmt: skip
+def test_loader_workers_auto_from_the_device_cores_and_ranks(
+    device: str, cores: int, ranks: int, workers: int
+) -> None:
+    """One on a CPU; on a GPU one per core a rank has beyond the one driving its device, at
+    least 1 and at most 2."""
+    n, reason = workers_for(device, cores, ranks)
+    assert n == workers
+    assert ("GPU ranks" in reason) == (device == "cuda")
+
+
+def test_loader_workers_auto_is_recorded_and_kept_and_a_set_value_stands() -> None:
+    """The first start's pick is kept by the run wherever it continues (the workers deal the
+    data: another count is another order); a number in the config is taken as given."""
+    first = autos.resolve_all(TRAIN, "cpu", 64, 256, None, None, lambda: FP32_HERE, "auto",
+                              pick_workers=lambda: (1, "a CPU"))  # fmt: skip
+    assert autos.data_values(first) == {"num_workers": 1}
+    assert "num_workers auto -> 1: a CPU" in autos.lines(first)
+    assert "num_workers" not in autos.values(first)  # a data key, not a train key
+    moved = autos.resolve_all(TRAIN, "cuda", 64, 256, first, None, lambda: BF16_HERE, "auto",
+                              pick_workers=lambda: (2, "spare cores"))  # fmt: skip
+    kept = moved.decisions["num_workers"]
+    assert (kept.value, autos.data_values(moved)) == ("1", {"num_workers": 1})
+    assert "this machine alone would pick 2: spare cores" in kept.reason
+    given = autos.resolve_all(TRAIN, "cpu", 64, 256, first, None, lambda: FP32_HERE, "3")
+    assert given.decisions["num_workers"] == Decision("3", "3", "set in the config")
+
+
+@pytest.mark.parametrize(("value", "ok"), [("auto", True), (0, True), (2, True), (-1, False),
+                                           ("many", False), (True, False)])  # fmt: skip
+def test_loader_workers_take_auto_or_a_count(value: object, ok: bool) -> None:
+    problems = DataConfig(num_workers=value).problems()  # type: ignore[arg-type]
+    assert (problems == []) == ok, problems
 
 
 def test_a_damaged_record_is_one_line_naming_it(tmp_path: Path) -> None:
