@@ -164,6 +164,7 @@ def calibrated_memory(cal: Calibration, args: argparse.Namespace) -> float:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan of `args.config` on the machine the arguments describe (or its JSON)."""
     from launch.config import load_config
+    from launch.cost_model.feed import feed_figures
     from launch.cost_model.plan import Machine, make_plan
     from launch.cost_model.table import format_plan
     from model.config import ModelConfig
@@ -202,6 +203,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan.update(target_from=target_from, speed_line=speed.line, speed_measured=speed.measured)
     if plan["recommended_stage"] is not None:
         plan["configured"] = configured_batch(cfg, job, machine, plan, args)
+        c = plan["configured"]
+        plan["feed"] = feed_figures(
+            c["tokens"], machine.world, c["step_s"], job.data.num_workers, not machine.on_cpu
+        )
         plan["quality"] = quality_figures(cfg, plan, args.anchor)
     plan["checkpoint"] = checkpoint_figures(plan, job, machine, precision, args.write_gbs)
     print(json.dumps(plan, indent=1) if args.json else format_plan(plan))

@@ -4,6 +4,7 @@ speed comes from, the step time, the config's own batch, the time to a BLEU and 
 
 from __future__ import annotations
 
+from launch.cost_model.feed import feed_lines
 from launch.cost_model.plan import GIB
 from launch.cost_model.quality import duration, quality_lines
 from launch.cost_model.save import checkpoint_lines
@@ -96,6 +97,7 @@ def _time_lines(plan: dict) -> list[str]:
                 else f"; the lines below price the recommended {plan['tokens_per_step_per_side']:,}"
             )
         )
+    lines += feed_lines(plan.get("feed"), "configured")
     if "quality" in plan:
         lines += quality_lines(plan["quality"], int(plan["tokens_per_step_per_side"]))
     total = duration(plan["total_hours"])
