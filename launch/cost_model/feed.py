@@ -2,8 +2,8 @@
 
 The step takes the tokens of its micro-batches (source and target sides, padding included: an
 upper bound on the real tokens) each step time; one loader worker delivers WORKER_TOKENS_PER_S
-real tokens per second (bench data's one-worker row on the machine FEED_SOURCE names; a GPU
-host's cores are usually faster). Past FEED_SHARE of what the workers deliver, the plan warns:
+real tokens per second (measured over several shuffle windows on the machine FEED_SOURCE
+names; a GPU host's cores are usually faster). Past FEED_SHARE of what the workers deliver, the plan warns:
 a worker also reads each shuffle window, and a step that waits for data is GPU time lost.
 """
 
@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-# bench data, "loader, tar, 1 workers", debian-ende, 4,096-token batches (bench/RESULTS.md)
-WORKER_TOKENS_PER_S = 3.3e6
-FEED_SOURCE = "bench data: one worker on a 2-core AMD EPYC, AVX2, 2026-12-06"
+# one worker on a core of its own, its rank taking batches as fast as they come, over 45 s
+# (several shuffle windows read, not only the first one handed out): bench.data.loader_rate on
+# debian-ende's tar shards at 4,096-token batches
+WORKER_TOKENS_PER_S = 1.27e6
+FEED_SOURCE = "one worker over several windows on a 2-core AMD EPYC, AVX2, 2026-12-06"
 FEED_SHARE = 0.5  # the share of the workers' rate past which the plan warns
 
 
