@@ -3,8 +3,8 @@
 The step takes the tokens of its micro-batches (source and target sides, padding included: an
 upper bound on the real tokens) each step time; one loader worker delivers WORKER_TOKENS_PER_S
 real tokens per second (measured over several shuffle windows on the machine FEED_SOURCE
-names; a GPU host's cores are usually faster). Past FEED_SHARE of what the workers deliver, the plan warns:
-a worker also reads each shuffle window, and a step that waits for data is GPU time lost.
+names; a GPU host's cores are usually faster). Past FEED_SHARE of what the workers deliver,
+the plan warns: a step that waits for data is GPU time lost.
 """
 
 from __future__ import annotations
