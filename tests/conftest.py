@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ["tests.aside"]  # --aside-group
+
 UNGROUPED = pytest.StashKey[str]()
 
 
