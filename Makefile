@@ -45,17 +45,15 @@ format: venv
 	$(VENV)/bin/ruff check --fix .
 
 # The suite in two parts: everything but the `serial` tests on TEST_WORKERS pytest-xdist
-# workers (tests sharing a module or session fixture stay together on one worker: their
-# xdist_group marks), then the `serial` tests, which assert a time or a speed, alone. The Slurm
-# tests, which mostly wait on their jobs, run beside them on one more worker of their own
-# (tests/aside.py). A worker that crashes is not replaced: under --dist loadgroup its
-# replacement waited forever, so a crash hung the suite instead of failing it.
+# workers (tests sharing a module or session fixture, and the Slurm ones, stay together on
+# one worker: their xdist_group marks), then the `serial` tests, which assert a time or a
+# speed, alone. A worker that crashes is not replaced: under --dist loadgroup its replacement
+# waited forever, so a crash hung the suite instead of failing it.
 TEST_WORKERS ?= 2
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest -q -ra --durations=15 -n $$(( $(TEST_WORKERS) + 1 )) --aside-group slurm \
-		--dist loadgroup --max-worker-restart=0 -m "not serial and not gpu"
+	$(VENV)/bin/pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 -m "not serial and not gpu"
 	$(VENV)/bin/pytest -q -ra --durations=5 -m "serial and not gpu"
 
 test-fast: venv

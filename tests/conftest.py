@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.aside"]  # --aside-group
-
 UNGROUPED = pytest.StashKey[str]()
 
 
