@@ -3,7 +3,8 @@
 1. Shards: the corpus prepared (2 workers) into ``.tar`` and ``.tar.gz``: bytes per sample,
    pairs/s of the shard stage.
 2. Loader: real tokens/s (source + target) of one ``TokenBatchStream``, 0 and 1 workers, both
-   shard kinds, from the first batch on; the start-up seconds beside it.
+   shard kinds, reading the tars and reading the packed ids (``data.store``), over `seconds`
+   from the first batch on (several shuffle windows at full size); the start-up seconds beside.
 3. Input order: the corpus prepared in input order against globally shuffled, read at the
    demo's data settings and at the defaults: tokens/s and padding (an in-order window holds
    sentences of one source, of similar lengths).
@@ -45,6 +46,7 @@ from data_pipeline.manifest import read_manifest
 from data_pipeline.shards import iter_shard
 
 MAX_LEN = 256
+STORES = ("tar", "packed")  # data.store: what the training stream reads
 
 
 class Batching(NamedTuple):
@@ -81,7 +83,7 @@ def measure(
     smoke: bool = False,
     vocab_size: int = 8000,
     max_tokens: int = 4096,
-    seconds: float = 10.0,
+    seconds: float = 30.0,
     pairs: Sequence[int] = (250_000, 1_000_000),
     spm_sentences: int = 2_000_000,
 ) -> list[Row]:
@@ -100,11 +102,12 @@ def measure(
                         shards=kind))  # fmt: skip
         rows.append(row(f"prepare shard stage, {kind}", r["pairs_s"], "pairs/s", shards=kind,
                         workers=2))  # fmt: skip
-    for kind, workers in ((k, w) for k in data for w in (0, 1)):  # 2. loader
-        tokens_s, startup_s, _ = loader_rate(data[kind], workers, max_tokens, seconds)
-        rows.append(row(f"loader, {kind}, {workers} workers", tokens_s, "tokens/s",
-                        startup_s=startup_s, shards=kind, workers=workers,
-                        max_tokens=max_tokens))  # fmt: skip
+    for kind, store, workers in ((k, s, w) for k in data for s in STORES for w in (0, 1)):  # 2.
+        tokens_s, startup_s, _ = loader_rate(data[kind], workers, max_tokens, seconds, None,
+                                             store=store)  # fmt: skip
+        rows.append(row(f"loader, {kind}, {store} store, {workers} workers", tokens_s, "tokens/s",
+                        startup_s=startup_s, shards=kind, store=store, workers=workers,
+                        max_tokens=max_tokens, seconds=seconds))  # fmt: skip
     rows += by_input_order(src, work, data["tar"], vocab_size, seconds, smoke)  # 3.
     lens = read_lengths(data["tar"])  # 4. padding
     for batching in PADDING_ROWS:
@@ -132,17 +135,23 @@ def measure(
 
 
 def loader_rate(
-    data: Path, workers: int, max_tokens: int, seconds: float, **batching: Any
+    data: Path,
+    workers: int,
+    max_tokens: int,
+    seconds: float,
+    epochs: int | None = 1,
+    **batching: Any,
 ) -> tuple[float, float, float]:
-    """One TokenBatchStream over train (an epoch, or `seconds` after its first batch): real
-    tokens/s from the first batch on, the seconds to it, and the padding fraction."""
+    """One TokenBatchStream over train (`epochs` of it, None: endless; at most `seconds` after
+    its first batch): real tokens/s from the first batch on, the seconds to it, and the padding
+    fraction."""
     cfg = DataConfig(
         dir=str(data), max_tokens=max_tokens, max_len=MAX_LEN, num_workers=workers, **batching
     )
     start = time.perf_counter()
     first = None
     tokens = padded = 0
-    for b in TokenBatchStream(data, "train", cfg, epochs=1):
+    for b in TokenBatchStream(data, "train", cfg, epochs=epochs):
         if first is None:
             first = time.perf_counter()
             continue

@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 from bench.common import ROOT, Row, row
@@ -23,6 +24,13 @@ from data_pipeline.corpus.synthetic import write_synthetic
 from data_pipeline.loader import TokenBatchStream
 
 STALL_S = 0.05  # a wait longer than this counts as a stall
+# side by side: the tars read ahead (the store before the packed ids), the packed ids with each
+# window read when its turn comes, and the defaults (packed ids, read ahead)
+VARIANTS = (
+    {"store": "tar", "read_ahead": 1},
+    {"store": "packed", "read_ahead": 0},
+    {"store": "packed", "read_ahead": 1},
+)
 
 
 def windows_of(stream: TokenBatchStream) -> tuple[tuple[int, int, int], ...]:
@@ -90,22 +98,44 @@ def measure(
     seconds: float = 30.0,
     vocab_size: int = 8000,
     settings: dict[str, Any] | None = None,
-    variants: tuple[dict[str, Any], ...] = ({"read_ahead": 0}, {"read_ahead": 1}),
+    variants: tuple[dict[str, Any], ...] = VARIANTS,
 ) -> list[Row]:
     """`ranks` consumers at `rate` tokens/s each for `seconds` on `corpus` prepared at
     `vocab_size` (None: synthetic pairs), at the data defaults updated by `settings`, once per
-    variant of them (side by side: each window read when its turn comes, and read ahead)."""
+    variant of them (VARIANTS, side by side)."""
     src = Path(ROOT, corpus) if corpus else work / "corpus-synthetic"
     if not corpus:
         write_synthetic(src, n_train=4000 if smoke else 200_000, n_valid=20, n_test=20, seed=1)
-    data = work / "data"
-    if not (data / "manifest.json").is_file():
+    data = work / "data"  # kept from an earlier run where it holds the packed ids
+    manifest = data / "manifest.json"
+    if not (manifest.is_file() and '"packed"' in manifest.read_text()):
         run_prepare(src, data, vocab_size=200 if smoke else vocab_size)
     rows: list[Row] = []
     for variant in variants:
         rows += feed_rows(data, {"max_len": 256, **(settings or {}), **variant}, variant, rate,
                           ranks, seconds, str(corpus or "synthetic"))  # fmt: skip
     return rows
+
+
+def gather(queue: Any, procs: list[Any], timeout: float) -> dict[int, dict[str, float]]:
+    """Each rank's figures from `queue`; a rank that exits without them ends the bench at once
+    (its traceback is in the log above), not after `timeout`."""
+    results: dict[int, dict[str, float]] = {}
+    deadline = time.monotonic() + timeout
+    while len(results) < len(procs):
+        try:
+            rank, got = queue.get(timeout=1.0)
+            results[rank] = got
+            continue
+        except Empty:
+            pass
+        dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if dead:
+            raise RuntimeError(f"feed: rank {dead[0][0]} exited with {dead[0][1]} before its "
+                               "figures")  # fmt: skip
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"feed: no figures from every rank within {timeout:.0f} s")
+    return results
 
 
 def feed_rows(
@@ -121,7 +151,7 @@ def feed_rows(
     ]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=seconds + 600) for _ in procs)
+    results = gather(queue, procs, seconds + 600)
     for p in procs:
         p.join(timeout=60)
     case = {"rate": rate, "ranks": ranks, "corpus": corpus, **settings}

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 GPU_WORKERS_MAX = 2  # loader workers per rank `auto` gives a GPU rank with cores to spare
+STORES = ("auto", "packed", "tar")  # data.store
 
 
 @dataclass
@@ -26,6 +27,10 @@ class DataConfig:
     # shuffle windows each worker reads, decodes and cuts ahead (a thread) while it hands out
     # the current one's batches; 0: each window when its turn comes (the consumer waits then)
     read_ahead: int = 1
+    # what training batches are read from: auto (the packed ids `prepare` writes beside each
+    # shard, where the manifest lists them; else the tar shards), packed or tar; text for BLEU
+    # and `translate` always comes from the tar shards
+    store: str = "auto"
     seed: int = 1  # shuffle and dealing order of the training stream
 
     def problems(self) -> list[tuple[str, str]]:
@@ -44,6 +49,8 @@ class DataConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 out.append((key, f"must be a non-negative integer, got {value!r}"))
+        if self.store not in STORES:
+            out.append(("store", f"must be one of {', '.join(STORES)}, got {self.store!r}"))
         if not out and self.max_tokens < self.max_len:
             out.append(("max_tokens", f"{self.max_tokens} is below max_len={self.max_len}"))
         return out
@@ -82,3 +89,16 @@ def resolved_workers(value: int | str) -> int:
     import torch
 
     return host_workers("cuda" if torch.cuda.is_available() else "cpu")[0]
+
+
+def resolved_store(store: str, shards: list[dict], text: bool) -> str:
+    """`data.store` for a stream over `shards` (manifest entries): "packed" or "tar". Batches
+    with text read the tar shards, the text's only copy; `auto` reads the packed ids where
+    every shard has them. ValueError for `packed` on shards without them."""
+    has_packed = all("packed" in s for s in shards)
+    if store == "packed" and not has_packed:
+        raise ValueError(
+            "data.store is packed, but the manifest lists no packed ids for these shards "
+            "(re-run `paperscale prepare` on the same corpus and data dir to add them)"
+        )
+    return "packed" if store != "tar" and has_packed and not text else "tar"

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from data_pipeline.packed import PackedWriter, packed_name
 from data_pipeline.shards import ShardWriter
 from data_pipeline.tokenizer import EOS_ID, Tokenizer
 
@@ -35,7 +36,8 @@ def encoded(
 
 
 def encode_chunk(job: dict[str, Any]) -> dict[str, Any]:
-    """Encode ``job["pairs"]`` (None marks a duplicate) and write the shard; returns its record.
+    """Encode ``job["pairs"]`` (None marks a duplicate) and write the shard and its packed ids
+    (data_pipeline/packed.py); returns its record.
 
     Keys are ``{split}-{shard:06d}-{offset:07d}`` with the line offset inside the chunk, so a
     key points back to its input line: ``shard * shard_samples + offset + 1``.
@@ -55,6 +57,10 @@ def encode_chunk(job: dict[str, Any]) -> dict[str, Any]:
         counts["empty"] = len(live) - len(kept)
         live = kept
     writer = ShardWriter(Path(job["out_path"]), job["dtype"])
+    prefix = f"{job['split']}-{job['index']:06d}-"
+    packed_as = packed_name(job["name"])
+    packed_path = Path(job["out_path"]).with_name(Path(packed_as).name)  # beside the tar
+    packed = PackedWriter(packed_path, job["dtype"], prefix)
     n_src = n_tgt = 0
     try:
         for (i, (src, tgt)), s, t in encoded(tok, live):
@@ -69,10 +75,12 @@ def encode_chunk(job: dict[str, Any]) -> dict[str, Any]:
                     counts["ratio"] += 1
                     continue
             s = [*s, EOS_ID]
-            writer.write(f"{job['split']}-{job['index']:06d}-{i:07d}", s, t, src, tgt)
+            writer.write(f"{prefix}{i:07d}", s, t, src, tgt)
+            packed.write(i, s, t)
             n_src += len(s)
             n_tgt += len(t)
         sha, size = writer.close()
+        packed_sha, packed_size = packed.close()
     except BaseException:
         writer.abort()
         raise
@@ -83,5 +91,6 @@ def encode_chunk(job: dict[str, Any]) -> dict[str, Any]:
         "tgt_tokens": n_tgt,
         "sha256": sha,
         "bytes": size,
+        "packed": {"name": packed_as, "sha256": packed_sha, "bytes": packed_size},
         "cleaning": counts,
     }

@@ -32,18 +32,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from data_pipeline.batching import BATCHING_VERSION, Batch
-from data_pipeline.config import DataConfig, resolved_workers
+from data_pipeline.config import DataConfig, resolved_store, resolved_workers
 from data_pipeline.dealing import Dealing, parts_for
 from data_pipeline.manifest import read_manifest
 from data_pipeline.position import Counters, WorkerPosition, progress_from_json, progress_to_json
-from data_pipeline.producer import (
-    ProducerContext,
-    WorkerDataset,
-    ignore_stop_signals,
-    produce,
-    stop_signals_held,
-)
+from data_pipeline.producer import ProducerContext, WorkerDataset, produce
 from data_pipeline.resume import READABLE_VERSIONS, STATE_VERSION, merge_states
+from data_pipeline.worker_signals import ignore_stop_signals, stop_signals_held
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +137,7 @@ class TokenBatchStream:
         return ProducerContext(
             data_dir=str(self.data_dir),
             split=self.split,
-            shards=[{"name": s["name"], "samples": s["samples"]} for s in shards],
+            shards=[{k: s[k] for k in ("name", "samples", "packed") if k in s} for s in shards],
             dtype=self.manifest["dtype"],
             vocab_size=self.manifest["vocab_size"],
             max_tokens=cfg.max_tokens,
@@ -165,6 +160,7 @@ class TokenBatchStream:
             end_epoch=None if epochs is None else self.start_epoch + epochs,
             text=self.text,
             read_ahead=cfg.read_ahead,
+            store=resolved_store(cfg.store, shards, self.text),
             slow_window_s=float(os.environ.get(SLOW_WINDOW_ENV) or 0),
         )
 

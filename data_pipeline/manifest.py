@@ -10,12 +10,14 @@ complete when it was written.  Format (version 1)::
                                        "duplicate": N},
                           "shards": [{"name": "shards/train-000000.tar", "samples": N,
                                       "src_tokens": N, "tgt_tokens": N, "sha256": "...",
-                                      "bytes": N}, ...]},
+                                      "bytes": N, "packed": {"name": "shards/train-000000.ids",
+                                      "sha256": "...", "bytes": N}}, ...]},
                 "valid": {...}, "test": {...}}}
 
 ``src_tokens`` counts source ids including the final EOS; ``tgt_tokens`` counts target ids
 without BOS/EOS (as stored).  A shard ``name`` ending in ``.tar.gz`` is a gzip-compressed tar
-(``prepare(..., compress_shards=True)``); readers go by the name.
+(``prepare(..., compress_shards=True)``); readers go by the name.  ``packed``, where present, is
+the shard's ids in the packed store (data_pipeline/packed.py), which the training stream reads.
 """
 
 from __future__ import annotations
@@ -87,6 +89,12 @@ def validate_manifest(m: Any, path: Path) -> dict:
                 f"split {name} shard {i} name {shard['name']!r} is not a relative path inside "
                 "the data directory",
             )
+            packed = shard.get("packed")
+            if packed is not None:
+                ok = isinstance(packed, dict) and isinstance(packed.get("name"), str)
+                ok = ok and isinstance(packed.get("bytes"), int)
+                _check(ok and plain_relative(packed["name"]), path,
+                       f"split {name} shard {i} has a bad packed entry")  # fmt: skip
         total = sum(s["samples"] for s in shards)
         _check(split.get("samples") == total, path, f"split {name} samples != sum over shards")
     return m

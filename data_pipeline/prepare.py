@@ -40,12 +40,14 @@ from data_pipeline.manifest import (
     TOKENIZER_NAME,
     write_json_atomic,
 )
+from data_pipeline.packed import SUFFIX as PACKED_SUFFIX
+from data_pipeline.packed import pack_tar
 from data_pipeline.progress import progress_bar
 from data_pipeline.shards import dtype_for, sha256_file
 from data_pipeline.shuffle import shuffled
 from data_pipeline.spm_step import train_spm
 from data_pipeline.tokenizer import Tokenizer
-from data_pipeline.verify import verify
+from data_pipeline.verify import file_problem, verify
 
 __all__ = ["PROGRESS_NAME", "prepare", "verify"]
 
@@ -138,19 +140,28 @@ class OutDir:
             self.start_over()
 
     def start_over(self) -> None:
-        for pattern in ("*.tar", "*.tar.gz"):
+        for pattern in ("*.tar", "*.tar.gz", f"*{PACKED_SUFFIX}"):
             for old in self.shards.glob(pattern):
                 old.unlink()
         (self.root / MANIFEST_NAME).unlink(missing_ok=True)
         start_journal(self.journal, self.params)
 
-    def reusable(self, rid: str, name: str) -> dict[str, Any] | None:
-        """The journal's record of piece `rid` when its file is still the one recorded."""
+    def reusable(self, rid: str, name: str, dtype: str) -> dict[str, Any] | None:
+        """The journal's record of piece `rid` when its file is still the one recorded; its
+        packed ids are written again from it where they are missing or not the ones recorded
+        (as in a data dir prepared before the packed store)."""
         rec = self.records.get(rid)
         path = self.root / name
-        if rec and rec["name"] == name and path.is_file() and sha256_file(path) == rec["sha256"]:
-            return {k: v for k, v in rec.items() if k != "id"}
-        return None
+        if not (rec and rec["name"] == name and path.is_file()):
+            return None
+        if sha256_file(path) != rec["sha256"]:
+            return None
+        rec = {k: v for k, v in rec.items() if k != "id"}
+        packed = rec.get("packed")
+        if packed is None or file_problem(self.root / packed["name"], packed):
+            rec["packed"] = pack_tar(self.root, name, dtype)
+            append_record(self.journal, {"id": rid, **rec})
+        return rec
 
 
 def ensure_tokenizer(
@@ -320,7 +331,7 @@ class SplitWriter:
         """Encode shard `index` (or reuse it), then wait while too many are in flight."""
         name = f"{SHARD_DIR}/{self.split}-{index:06d}{self.suffix}"
         rid = f"{self.split}/{index}"
-        reused = self.out.reusable(rid, name)
+        reused = self.out.reusable(rid, name, self.job_args["dtype"])
         if reused is not None:
             self.reused += 1
             self.pending.append((rid, reused))

@@ -17,108 +17,23 @@ from __future__ import annotations
 
 import logging
 import os
-import select
-import signal
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from data_pipeline.batching import Batch, Sample, collate, plan_batches
+from data_pipeline.batching import Batch, Rows, Sample, collate_rows, plan_batches
 from data_pipeline.dealing import Dealing, Unit, unit_key
+from data_pipeline.packed import PackedError, PackedShard
 from data_pipeline.position import Counters, Progress, WorkerPosition
 from data_pipeline.read_ahead import ReadAhead
 from data_pipeline.shards import RawSample, ShardReadError, decode_sample, iter_shard
 
 log = logging.getLogger("data_pipeline.loader")
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-
-
-@contextmanager
-def stop_signals_held() -> Iterator[None]:
-    """Stop signals wait - blocked in this thread, not lost - while loader workers start.
-
-    The loader's fork server, started by the first stream, inherits the mask (and keeps it:
-    data_pipeline/worker_start.py), and so does every worker forked from it, so a TERM to every
-    process of the job in a worker's first moments, before `ignore_stop_signals` has run in it,
-    cannot kill it mid-start (its rank would then fail on a dead worker instead of saving). So
-    does multiprocessing's resource tracker, which the first stream starts and which would
-    otherwise die of a USR1 sent to every process; starting, it unblocks INT and TERM in this
-    thread, hence the second block. The rank itself gets any stop signal as before: another of
-    its threads takes it, or this one when the mask is restored.
-    """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        resource_tracker.ensure_running()
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def ignore_stop_signals(worker_id: int) -> None:
-    """A loader worker leaves every stop signal to its rank, which finishes its step (or
-    abandons it), saves and only then closes its stream.
-
-    USR1 (Slurm's warning before the time limit) and INT (Ctrl-C, sent to the whole process
-    group) are ignored. TERM - Slurm's preemption or `scancel` reach every process of the job,
-    workers included - is ignored too while the rank still reads batches; once the rank closes
-    its stream (`TokenBatchStream.close`, also at the rank's exit), a TERM ends the worker at
-    once: the DataLoader and multiprocessing end workers with TERM at shutdown, and a worker
-    that ignored it then would hang its rank's exit. A worker whose rank is gone (killed, so
-    that it could close nothing) exits by itself (`exit_with_rank`).
-    """
-    for sig in (signal.SIGUSR1, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-    info = get_worker_info()
-    dataset = info.dataset if info is not None else None
-    closing = getattr(dataset, "closing", None)
-    rank = getattr(dataset, "rank_pid", None) or os.getppid()
-    exit_with_rank(rank)
-
-    def on_term(signum: int, frame: object) -> None:
-        if (closing is not None and closing.is_set()) or not process_alive(rank):
-            os._exit(0)
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held since its start
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process `pid` exists (and is not a zombie waiting for its parent)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def exit_with_rank(rank_pid: int) -> None:
-    """End this process as soon as process `rank_pid` is gone: a thread waits on its pidfd.
-
-    A worker is forked from the rank's fork server (data_pipeline/loader.py), so its parent is
-    the server, not the rank, and the DataLoader's own check (is my parent still there?) would
-    not see the rank die; the server in turn stays while a worker it made lives, so neither
-    would ever end after a SIGKILL of the rank."""
-
-    def wait() -> None:
-        try:
-            fd = os.pidfd_open(rank_pid)
-        except OSError:  # already gone
-            os._exit(0)
-        select.select([fd], [], [])  # readable once the process has exited
-        os._exit(0)
-
-    threading.Thread(target=wait, name="exit-with-rank", daemon=True).start()
 
 
 @dataclass
@@ -140,7 +55,7 @@ class ProducerContext:
 
     data_dir: str
     split: str
-    shards: list[dict[str, Any]]  # manifest entries: name, samples
+    shards: list[dict[str, Any]]  # manifest entries: name, samples (and packed, when read)
     dtype: str
     vocab_size: int
     max_tokens: int
@@ -158,6 +73,7 @@ class ProducerContext:
     base: Progress = field(default_factory=dict)  # merged progress of a world-size change
     text: bool = True  # samples carry their text (BLEU, `translate`); training needs ids only
     read_ahead: int = 1  # windows read and cut ahead by a thread; 0: each when its turn comes
+    store: str = "tar"  # what the samples are read from: "tar", or "packed" (ids, no text)
     slow_window_s: float = 0.0  # the fault seam of a slow reader: a sleep per window built
 
 
@@ -228,8 +144,58 @@ def decode_window(
     return samples
 
 
+_WARNED: set[tuple[str, str]] = set()  # (data dir, shard) whose packed file did not open
+_OPEN: dict[tuple, PackedShard] = {}  # the last packed file opened
+
+
+def open_packed(data_dir: str, entry: dict[str, Any], dtype: str, vocab: int) -> PackedShard:
+    """A shard's packed file, checked once for all the units it holds (a window's block each):
+    the last one opened is kept while the file is the same (inode, size, modification)."""
+    try:
+        st = os.stat(Path(data_dir, entry["packed"]["name"]))
+    except FileNotFoundError:
+        raise PackedError(f"{entry['packed']['name']}: missing") from None
+    key = (data_dir, entry["packed"]["name"], st.st_ino, st.st_size, st.st_mtime_ns)
+    shard = _OPEN.get(key)
+    if shard is None:
+        shard = PackedShard(Path(data_dir), entry, dtype, vocab)
+        _OPEN.clear()
+        _OPEN[key] = shard
+    return shard
+
+
+def unit_windows(
+    ctx: ProducerContext, u: Unit, start: int, damage: Damage
+) -> Iterator[tuple[int, int, list[Sample] | Rows, Counters]]:
+    """``(window start, samples read, usable samples, what was skipped)`` of a unit from sample
+    offset `start` on: from its shard's packed ids (data_pipeline/packed.py) where the stream
+    reads them, else from its tar. A packed file that does not open as the manifest describes
+    it is named in a warning and the tar read instead."""
+    entry = ctx.shards[u[0]]
+    if ctx.store == "packed":
+        try:
+            shard = open_packed(ctx.data_dir, entry, ctx.dtype, ctx.vocab_size)
+        except PackedError as exc:
+            if (ctx.data_dir, entry["name"]) not in _WARNED:  # once a process, not every unit
+                _WARNED.add((ctx.data_dir, entry["name"]))
+                log.warning("data %s: %s; reading %s instead", ctx.split, exc, entry["name"])
+        else:
+            span = ctx.dealing.span(u)
+            max_len = ctx.max_len if ctx.skip_long else None
+            for ws, n, samples, bad, too_long in shard.windows(
+                span.first, span.stride, span.count, start, ctx.window, max_len
+            ):
+                yield ws, n, samples, Counters(samples_skipped_corrupt=bad,
+                                               samples_skipped_long=too_long)  # fmt: skip
+            return
+    for ws, raws in read_unit(ctx, u, start, damage):
+        pending = Counters()
+        samples = decode_window(ctx, raws, pending, True)
+        yield ws, len(raws), samples, pending
+
+
 def window_batches(
-    ctx: ProducerContext, samples: list[Sample], epoch: int, u: Unit, ws: int
+    ctx: ProducerContext, samples: list[Sample] | Rows, epoch: int, u: Unit, ws: int
 ) -> list[list[int]]:
     """The window cut into batches (indices into `samples`), shuffled from its identity."""
     rng = np.random.default_rng([ctx.seed, epoch, *u, ws]) if ctx.shuffle else None
@@ -252,7 +218,7 @@ class Window:
 
     ws: int  # sample offset of the window in its unit
     n_raw: int  # samples read (the next window starts n_raw further on)
-    samples: list[Sample]
+    samples: list[Sample] | Rows  # Rows: over a packed shard's ids
     groups: list[list[int]]  # batches, as indices into `samples`
     skip: int
     pending: Counters  # malformed and too-long samples of this window
@@ -279,14 +245,12 @@ def slot_windows(ctx: ProducerContext, slot: int, start: WorkerPosition) -> Iter
                 ws0, skip = (base.partial if base else {}).get(unit_key(u), (0, 0))
             resuming = False
             damage = Damage()
-            for ws, raws in read_unit(ctx, u, ws0, damage):
+            for ws, n_raw, samples, pending in unit_windows(ctx, u, ws0, damage):
                 if ctx.slow_window_s:
                     time.sleep(ctx.slow_window_s)
-                pending = Counters()
-                samples = decode_window(ctx, raws, pending, True)
                 groups = window_batches(ctx, samples, epoch, u, ws)
                 lost = Damage(damage.shard, damage.lost, damage.error)  # set on the last window
-                yield Window(ws, len(raws), samples, groups, skip, pending, lost)
+                yield Window(ws, n_raw, samples, groups, skip, pending, lost)
                 skip = 0
             yield UNIT_END
             unit_index += 1
@@ -355,7 +319,7 @@ class _Producer:
             log.warning("data %s: skipping the rest of %s (%d samples lost)",
                         ctx.split, w.damage.error, w.damage.lost)  # fmt: skip
         for j in range(w.skip, len(w.groups)):
-            batch = collate([w.samples[i] for i in w.groups[j]], ctx.pad_multiple, ctx.text)
+            batch = collate_rows(w.samples, w.groups[j], ctx.pad_multiple, ctx.text)
             self.flush()
             pos.counters.samples_seen += len(batch)
             pos.counters.batches += 1

@@ -1,4 +1,4 @@
-"""`verify`: every shard of a prepared data dir against its size and sha256."""
+"""`verify`: every shard of a prepared data dir, and its packed ids, against size and sha256."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from data_pipeline.shards import sha256_file
 
 
 def verify(data_dir: Path, log: Callable[[str], Any] = print) -> list[str]:
-    """Check every shard of ``data_dir``'s manifest against its size and sha256.
+    """Check every shard of ``data_dir``'s manifest, and its packed ids, against their size and
+    sha256.
 
     Returns the names of missing or damaged shards (empty: all good), logging one line each.
     The loader does not hash shards (too slow per epoch); run this after copying a data
@@ -21,15 +22,20 @@ def verify(data_dir: Path, log: Callable[[str], Any] = print) -> list[str]:
     bad: list[str] = []
     for split in read_manifest(data_dir)["splits"].values():
         for shard in split["shards"]:
-            path = data_dir / shard["name"]
-            if not path.is_file():
-                problem = "missing"
-            elif path.stat().st_size != shard["bytes"]:
-                problem = f"{path.stat().st_size} bytes, manifest says {shard['bytes']}"
-            elif sha256_file(path) != shard["sha256"]:
-                problem = "sha256 mismatch"
-            else:
-                continue
-            bad.append(shard["name"])
-            log(f"verify: {path}: {problem}")
+            for entry in (shard, shard.get("packed")):
+                problem = entry and file_problem(data_dir / entry["name"], entry)
+                if problem:
+                    bad.append(entry["name"])
+                    log(f"verify: {data_dir / entry['name']}: {problem}")
     return bad
+
+
+def file_problem(path: Path, entry: dict[str, Any]) -> str | None:
+    """What is wrong with a file against its manifest entry (``bytes``, ``sha256``), or None."""
+    if not path.is_file():
+        return "missing"
+    if path.stat().st_size != entry["bytes"]:
+        return f"{path.stat().st_size} bytes, manifest says {entry['bytes']}"
+    if sha256_file(path) != entry["sha256"]:
+        return "sha256 mismatch"
+    return None

@@ -205,8 +205,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan["configured"] = configured_batch(cfg, job, machine, plan, args)
         c = plan["configured"]
         plan["feed"] = feed_figures(
-            c["tokens"], machine.world, c["step_s"], job.data.num_workers, not machine.on_cpu
-        )
+            c["tokens"], machine.world, c["step_s"], job.data.num_workers, not machine.on_cpu,
+            job.data.store,
+        )  # fmt: skip
         plan["quality"] = quality_figures(cfg, plan, args.anchor)
     plan["checkpoint"] = checkpoint_figures(plan, job, machine, precision, args.write_gbs)
     print(json.dumps(plan, indent=1) if args.json else format_plan(plan))

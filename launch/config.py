@@ -188,9 +188,17 @@ def check_data_dir(job: JobConfig) -> dict[str, Any]:
             f"{job.data.dir} has no {MANIFEST_NAME} (run `paperscale prepare` first)",
         )
     try:
-        return read_manifest(data_dir)
+        manifest = read_manifest(data_dir)
     except (OSError, ValueError) as exc:
         raise ConfigError("data.dir", f"not a valid manifest: {exc}") from None
+    shards = manifest["splits"].get("train", {}).get("shards", [])
+    if job.data.store == "packed" and not all("packed" in s for s in shards):
+        raise ConfigError(
+            "data.store",
+            f"packed, but the manifest of {job.data.dir} lists no packed ids for its train "
+            "shards (re-run `paperscale prepare` on the same corpus and data dir to add them)",
+        )
+    return manifest
 
 
 def to_dict(job: JobConfig) -> dict[str, Any]:

@@ -2,20 +2,21 @@
 
 The step takes the tokens of its micro-batches (source and target sides, padding included: an
 upper bound on the real tokens) each step time; one loader worker delivers WORKER_TOKENS_PER_S
-real tokens per second (measured over several shuffle windows on the machine FEED_SOURCE
-names; a GPU host's cores are usually faster). Past FEED_SHARE of what the workers deliver,
-the plan warns: a step that waits for data is GPU time lost.
+real tokens per second from the store it reads (measured over many shuffle windows on the
+machine FEED_SOURCE names; a GPU host's cores are usually faster). Past FEED_SHARE of what
+the workers deliver, the plan warns: a step that waits for data is GPU time lost.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-# one worker on a core of its own, its rank taking batches as fast as they come, over 45 s
-# (several shuffle windows read, not only the first one handed out): bench.data.loader_rate on
-# debian-ende's tar shards at 4,096-token batches
-WORKER_TOKENS_PER_S = 1.27e6
-FEED_SOURCE = "one worker over several windows on a 2-core AMD EPYC, AVX2, 2026-12-06"
+# one worker on a core of its own, its rank taking batches as fast as they come, for 30 s of an
+# endless stream (many shuffle windows read, not only the first one handed out): bench data's
+# `loader, tar, <store> store, 1 workers` rows on debian-ende at 4,096-token batches. Per
+# data.store: the packed ids (what `auto` reads where prepare wrote them) and the tar shards.
+WORKER_TOKENS_PER_S = {"packed": 5.49e6, "tar": 0.38e6}
+FEED_SOURCE = "one worker, 30 s of windows, on a 2-core AMD EPYC, AVX2, 2026-12-06"
 FEED_SHARE = 0.5  # the share of the workers' rate past which the plan warns
 
 
@@ -32,16 +33,23 @@ def planned_workers(num_workers: int | str, on_gpu: bool) -> tuple[int, str]:
 
 
 def feed_figures(
-    tokens_per_side: int, world: int, step_s: float, num_workers: int | str, on_gpu: bool
+    tokens_per_side: int,
+    world: int,
+    step_s: float,
+    num_workers: int | str,
+    on_gpu: bool,
+    store: str = "auto",
 ) -> dict[str, Any]:
     """Demand (tokens/s per rank, both sides) of a step of `tokens_per_side` tokens per side
-    on `world` ranks every `step_s` seconds, against the planned workers' rate."""
+    on `world` ranks every `step_s` seconds, against the planned workers' rate reading
+    `store` (data.store; `auto` is priced as the packed ids `prepare` writes)."""
     workers, how = planned_workers(num_workers, on_gpu)
+    read = "tar" if store == "tar" else "packed"
     demand = 2 * tokens_per_side / max(1, world) / max(step_s, 1e-9)
-    supply = max(1, workers) * WORKER_TOKENS_PER_S
+    supply = max(1, workers) * WORKER_TOKENS_PER_S[read]
     return {
         "workers": workers,
-        "workers_from": how,
+        "workers_from": how + f", reading the {'tar shards' if read == 'tar' else 'packed ids'}",
         "demand_tokens_per_s": demand,
         "supply_tokens_per_s": supply,
         "share": demand / supply,

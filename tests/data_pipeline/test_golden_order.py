@@ -1,7 +1,7 @@
 """The training stream's batches, bitwise and in order, against digests recorded from the loader
 as it was before windows were read ahead: an epoch and a half on 0, 1 and 2 workers per rank, on
-1 and 2 ranks, and across a resume mid-window. The data is written here from seeded ids (no
-tokenizer), so the digests hold on any machine."""
+1 and 2 ranks, and across a resume mid-window, read from the tar shards and from the packed ids.
+The data is written here from seeded ids (no tokenizer), so the digests hold on any machine."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from data_pipeline.config import DataConfig
 from data_pipeline.loader import TokenBatchStream
+from data_pipeline.packed import PackedWriter, packed_name
 from data_pipeline.shards import ShardWriter
 
 SHARDS, PER_SHARD, VOCAB = 4, 400, 600
@@ -30,6 +31,7 @@ def seeded_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         name = f"shards/train-{s:06d}.tar"
         (out / "shards").mkdir(exist_ok=True)
         writer = ShardWriter(out / name, "uint16")
+        packed = PackedWriter(out / packed_name(name), "uint16", "")  # keys: 7 digits, as here
         for i in range(PER_SHARD):
             n_src, n_tgt = (int(x) for x in rng.integers(3, 61, 2))
             if rng.random() < 0.1:
@@ -37,8 +39,12 @@ def seeded_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
             src = [*rng.integers(4, VOCAB, n_src - 1).tolist(), 3]  # ends with EOS
             tgt = rng.integers(4, VOCAB, n_tgt).tolist()
             writer.write(f"{s:02d}{i:05d}", src, tgt, f"src {s} {i}", f"tgt {s} {i}")
+            packed.write(s * 100_000 + i, src, tgt)
         sha, size = writer.close()
-        shards.append({"name": name, "samples": PER_SHARD, "sha256": sha, "bytes": size})
+        packed_sha, packed_size = packed.close()
+        shards.append({"name": name, "samples": PER_SHARD, "sha256": sha, "bytes": size,
+                       "packed": {"name": packed_name(name), "sha256": packed_sha,
+                                  "bytes": packed_size}})  # fmt: skip
     manifest = {
         "version": 1, "src_lang": "en", "tgt_lang": "de", "vocab_size": VOCAB,
         "dtype": "uint16", "max_len": 64,
@@ -48,10 +54,10 @@ def seeded_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def config(workers: int, read_ahead: int) -> DataConfig:
+def config(workers: int, read_ahead: int, store: str) -> DataConfig:
     return DataConfig(
         max_tokens=512, max_len=64, shuffle_buffer=150, num_workers=workers, bucket_width=8,
-        pad_multiple=8, read_ahead=read_ahead,
+        pad_multiple=8, read_ahead=read_ahead, store=store,
     )  # fmt: skip
 
 
@@ -89,16 +95,19 @@ GOLDEN = {  # recorded from the loader before read-ahead (one window at a time, 
 }  # fmt: skip
 
 
-CASES = [(0, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1), (0, 1, 0), (2, 2, 0)]
+CASES = [(0, 1, 1, "tar"), (2, 1, 1, "tar"), (1, 2, 1, "tar"), (2, 2, 1, "tar"),
+         (0, 1, 0, "tar"), (2, 2, 0, "tar"), (0, 1, 1, "packed"), (1, 2, 1, "packed"),
+         (2, 2, 1, "packed"), (2, 2, 0, "packed")]  # fmt: skip
 
 
-@pytest.mark.parametrize(("workers", "world", "read_ahead"), CASES)
+@pytest.mark.parametrize(("workers", "world", "read_ahead", "store"), CASES)
 def test_an_epoch_and_a_half_and_a_resume_give_the_recorded_batches(
-    seeded_data: Path, workers: int, world: int, read_ahead: int
+    seeded_data: Path, workers: int, world: int, read_ahead: int, store: str
 ) -> None:
-    """(workers per rank, ranks, windows read ahead): the same batches whatever the read-ahead."""
+    """(workers per rank, ranks, windows read ahead, what is read): the same batches whatever
+    the read-ahead, from the tars as from the packed ids."""
     got = {}
-    cfg = config(workers, read_ahead)
+    cfg = config(workers, read_ahead, store)
     for rank in range(world):
         stream = TokenBatchStream(seeded_data, "train", cfg, rank=rank, world_size=world)
         straight = take(stream, 150 // world)

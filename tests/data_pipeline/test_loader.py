@@ -183,6 +183,9 @@ def test_a_pickled_batch_carries_arrays_and_comes_back_whole(prepared: Path) -> 
     b = run(TokenBatchStream(prepared, "valid", data_cfg(num_workers=0), shuffle=False), 1)[0]
     data = pickle.dumps(b)
     assert b"torch" not in data  # no tensor, storage or torch reduction inside
+    ids = sum(getattr(b, name).numel() for name in ("src", "tgt_in", "tgt_out"))
+    words = sum(len(t.encode()) + 8 for t in (*b.keys, *b.src_text, *b.tgt_text))
+    assert 2 * ids < len(data) < 2 * ids + words + 1000  # the ids as uint16, not int64
     c = pickle.loads(data)
     for name in ("src", "tgt_in", "tgt_out"):
         assert getattr(c, name).dtype == torch.int64
@@ -395,7 +398,7 @@ def test_damaged_shards_are_skipped_and_counted(
                 s = TokenBatchStream(
                     prepared_copy,
                     "train",
-                    data_cfg(num_workers=workers),
+                    data_cfg(num_workers=workers, store="tar"),  # the tars' damage
                     rank=rank,
                     world_size=world_size,
                     epochs=1,
@@ -416,7 +419,7 @@ def test_damaged_shards_are_skipped_and_counted(
 def test_resume_inside_damaged_epoch_keeps_accounting(prepared_copy: Path) -> None:
     _damage(prepared_copy)
     total = read_manifest(prepared_copy)["splits"]["train"]["samples"]
-    cfg = data_cfg(num_workers=2)
+    cfg = data_cfg(num_workers=2, store="tar")
     s = TokenBatchStream(prepared_copy, "train", cfg, epochs=1)
     first = run(s, 40)
     s2 = TokenBatchStream(prepared_copy, "train", cfg, epochs=1)
@@ -578,7 +581,7 @@ def test_the_workers_and_fork_server_of_a_killed_rank_exit(prepared: Path) -> No
     import sys
     import time
 
-    from data_pipeline.producer import process_alive
+    from data_pipeline.worker_signals import process_alive
     from launch.local import child_pids
 
     root = Path(__file__).resolve().parents[2]

@@ -103,8 +103,11 @@ def test_changed_settings_start_over(tmp_path: Path, corpus_dir: Path) -> None:
     assert any("starting" in line and "over" in line for line in lines)
     assert len(m2["splits"]["train"]["shards"]) < len(m1["splits"]["train"]["shards"])
     assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(
-        Path(s["name"]).name for sp in m2["splits"].values() for s in sp["shards"]
-    )
+        Path(name).name
+        for sp in m2["splits"].values()
+        for s in sp["shards"]
+        for name in (s["name"], s["packed"]["name"])
+    )  # the first run's shards and packed ids all gone
     assert json.loads((out / PROGRESS_NAME).read_text().splitlines()[0])["shard_samples"] == 400
 
 

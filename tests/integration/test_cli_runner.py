@@ -10,7 +10,7 @@ import sys
 import time
 import uuid
 
-from data_pipeline.producer import process_alive
+from data_pipeline.worker_signals import process_alive
 from tests.integration.conftest import RUN_TOKEN, signal_run
 
 

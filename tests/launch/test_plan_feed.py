@@ -18,11 +18,15 @@ from tests.launch.conftest import plan_cli
 
 def test_demand_is_both_sides_per_rank_per_step_time() -> None:
     feed = feed_figures(110_592, 8, 0.079, 1, on_gpu=True)
+    packed = WORKER_TOKENS_PER_S["packed"]  # what `auto` reads where prepare wrote it
     assert feed["demand_tokens_per_s"] == pytest.approx(2 * 110_592 / 8 / 0.079)
-    assert feed["supply_tokens_per_s"] == WORKER_TOKENS_PER_S
-    assert feed["share"] == pytest.approx(feed["demand_tokens_per_s"] / WORKER_TOKENS_PER_S)
+    assert feed["supply_tokens_per_s"] == packed and "packed ids" in feed["workers_from"]
+    assert feed["share"] == pytest.approx(feed["demand_tokens_per_s"] / packed)
     two = feed_figures(110_592, 8, 0.079, 2, on_gpu=True)
     assert two["share"] == pytest.approx(feed["share"] / 2)
+    tar = feed_figures(110_592, 8, 0.079, 1, on_gpu=True, store="tar")
+    assert tar["supply_tokens_per_s"] == WORKER_TOKENS_PER_S["tar"] < packed
+    assert "tar shards" in tar["workers_from"]
 
 
 @pytest.mark.parametrize(
@@ -40,7 +44,7 @@ def test_the_planned_workers_say_where_they_come_from(
 def test_a_step_faster_than_its_feed_is_warned_of() -> None:
     slow = feed_figures(4096, 1, 1.0, 1, on_gpu=True)
     assert not slow["bottleneck"] and len(feed_lines(slow, "configured")) == 1
-    fast_step = 2 * 4096 / (WORKER_TOKENS_PER_S * FEED_SHARE) / 2  # twice the share allowed
+    fast_step = 2 * 4096 / (WORKER_TOKENS_PER_S["packed"] * FEED_SHARE) / 2  # twice the share
     fast = feed_figures(4096, 1, fast_step, 1, on_gpu=True)
     assert fast["bottleneck"]
     lines = feed_lines(fast, "configured")
