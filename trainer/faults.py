@@ -18,7 +18,7 @@ named by `PAPERSCALE_FAULT_RANK` (default 0):
   PAPERSCALE_FAULT_NAN_FROM_STEP=4      the model's output is NaN from step 4 on
   PAPERSCALE_FAULT_SLOW_FROM_STEP=6:1.5 sleep 1.5 s after every step from step 6 on (a run
                                         slow enough for a signal from outside to find it
-                                        still training)
+                                        still training); 6:1.5:20 up to step 19 only
   PAPERSCALE_FAULT_SKIP_SPACE_CHECK=1   save without the free-space check (to fill a disk)
 """
 
@@ -55,6 +55,7 @@ class Faults(LoopObserver):
     nan_from_step: int | None = None
     term_at: tuple[int, int] | None = None  # (step, micro-batch)
     slow_from: tuple[int, float] | None = None  # (step, seconds of sleep after each step)
+    slow_until: int | None = None  # the first step no longer slowed (None: never)
     skip_space_check: bool = False
     step: int = 0  # the step being run or saved, kept current by the loop
     files_written: int = 0  # files this rank wrote in the save under way
@@ -78,8 +79,9 @@ class Faults(LoopObserver):
         if nan := env.get(PREFIX + "NAN_FROM_STEP"):
             faults.nan_from_step = int(nan)
         if slow := env.get(PREFIX + "SLOW_FROM_STEP"):
-            step, seconds = slow.split(":")
+            step, seconds, *until = slow.split(":")
             faults.slow_from = (int(step), float(seconds))
+            faults.slow_until = int(until[0]) if until else None
         if term := env.get(PREFIX + "TERM_AT"):
             step, micro = (int(x) for x in term.split(":"))
             faults.term_at = (step, micro)
@@ -112,8 +114,9 @@ class Faults(LoopObserver):
         if step == self.hang_at_step:
             _announce(f"hanging after step {step}")
             time.sleep(3600)
-        if self.slow_from is not None and step >= self.slow_from[0]:
-            time.sleep(self.slow_from[1])
+        slowed = self.slow_from is not None and self.slow_from[0] <= step
+        if slowed and (self.slow_until is None or step < self.slow_until):
+            time.sleep(self.slow_from[1])  # type: ignore[index]
 
     def micro_batch_ended(self, step: int, micro: int) -> None:
         """After each micro-batch of a step but the last."""

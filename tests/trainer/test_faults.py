@@ -51,3 +51,16 @@ def test_a_slowed_run_sleeps_after_each_step_from_its_step() -> None:
         faults.step_ended(step)
         took.append(time.perf_counter() - start)
     assert min(took[1:]) >= 0.05  # steps 3 and 4 slept
+    assert took[0] < 0.05
+
+
+def test_a_slowed_run_is_slowed_up_to_its_last_step() -> None:
+    faults = Faults.from_env(0, {"PAPERSCALE_FAULT_SLOW_FROM_STEP": "3:0.05:5"})
+    assert (faults.slow_from, faults.slow_until) == ((3, 0.05), 5)
+    took = {}
+    for step in (2, 3, 4, 5, 6):
+        start = time.perf_counter()
+        faults.step_ended(step)
+        took[step] = time.perf_counter() - start
+    assert took[3] >= 0.05 and took[4] >= 0.05
+    assert max(took[2], took[5], took[6]) < 0.05

@@ -337,9 +337,9 @@ def test_preempted_by_a_higher_partition_resumes_and_matches_the_straight_run(
     USR1 first. The job saves the step it is at, exits, is requeued by Slurm, resumes after
     the high-priority job ended and finishes with the uninterrupted job's losses."""
     run_dir = tmp_path / "run"
-    # slowed from step 6, so that the preemption finds it training (36 steps could end
-    # before Slurm schedules the high-priority job)
-    slow = {"PAPERSCALE_FAULT_SLOW_FROM_STEP": "6:1.0"}
+    # slowed from step 6 to step 19, so that the preemption finds it training (36 steps could
+    # end before Slurm schedules the high-priority job); the resumed attempt runs the rest fast
+    slow = {"PAPERSCALE_FAULT_SLOW_FROM_STEP": "6:1.0:20"}
     job_id = submit_tiny(
         slurm, synthetic_data, run_dir, slow, "--partition", "low",
         overrides=("logging.wandb=offline",),
@@ -348,7 +348,7 @@ def test_preempted_by_a_higher_partition_resumes_and_matches_the_straight_run(
     wait_for_steps(slurm, job_id, run_dir, 6)
     high = subprocess.run(
         ["sbatch", "--parsable", "--partition=high", "--cpus-per-task=1", "--output=/dev/null",
-         "--wrap", "sleep 10"],
+         "--wrap", "sleep 3"],
         env=slurm.env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert high.returncode == 0, high.stderr
