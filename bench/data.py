@@ -86,11 +86,13 @@ def measure(
     seconds: float = 30.0,
     pairs: Sequence[int] = (250_000, 1_000_000),
     spm_sentences: int = 2_000_000,
+    loader_epochs: int | None = None,
 ) -> list[Row]:
-    """Sections 1-5 on `corpus` (None: 2,000 synthetic pairs); `seconds` per loader run,
-    `spm_sentences` prepare's input_sentence_size at scale."""
+    """Sections 1-5 on `corpus` (None: 2,000 synthetic pairs); `seconds` per loader run of
+    section 2 over `loader_epochs` (None: as many as fit, so that many windows are read, not
+    only the first one handed out), `spm_sentences` prepare's input_sentence_size at scale."""
     if smoke:
-        vocab_size, seconds, pairs, spm_sentences = 200, 0.5, [3000], 5000
+        vocab_size, seconds, pairs, spm_sentences, loader_epochs = 200, 0.5, [3000], 5000, 1
     src = Path(ROOT, corpus) if corpus else work / "corpus-smoke"
     if not corpus:
         write_synthetic(src, n_train=2000, n_valid=50, n_test=50, seed=1)
@@ -103,8 +105,8 @@ def measure(
         rows.append(row(f"prepare shard stage, {kind}", r["pairs_s"], "pairs/s", shards=kind,
                         workers=2))  # fmt: skip
     for kind, store, workers in ((k, s, w) for k in data for s in STORES for w in (0, 1)):  # 2.
-        tokens_s, startup_s, _ = loader_rate(data[kind], workers, max_tokens, seconds, None,
-                                             store=store)  # fmt: skip
+        tokens_s, startup_s, _ = loader_rate(data[kind], workers, max_tokens, seconds,
+                                             loader_epochs, store=store)  # fmt: skip
         rows.append(row(f"loader, {kind}, {store} store, {workers} workers", tokens_s, "tokens/s",
                         startup_s=startup_s, shards=kind, store=store, workers=workers,
                         max_tokens=max_tokens, seconds=seconds))  # fmt: skip

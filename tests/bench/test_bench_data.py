@@ -30,13 +30,14 @@ def test_padding_split_and_v2_not_worse(prepared: Path) -> None:
 
 
 def test_bench_measures_every_section(corpus_dir: Path, tmp_path: Path) -> None:
-    kw = {"vocab_size": 300, "seconds": 0.5, "pairs": [4000], "spm_sentences": 5000}
+    kw = {"vocab_size": 300, "seconds": 0.5, "pairs": [4000], "spm_sentences": 5000,
+          "loader_epochs": 1}  # fmt: skip
     rows = bench.measure(tmp_path, corpus=str(corpus_dir), **kw)
     value = {r["figure"]: r["value"] for r in rows}
     assert value["shard bytes per sample, tar.gz"] < value["shard bytes per sample, tar"] / 5
     loader = [r for r in rows if r["figure"].startswith("loader, ")]
-    cases = [("tar", 0), ("tar", 1), ("tar.gz", 0), ("tar.gz", 1)]
-    assert [(r["shards"], r["workers"]) for r in loader] == cases
+    cases = [(k, s, w) for k in ("tar", "tar.gz") for s in ("tar", "packed") for w in (0, 1)]
+    assert [(r["shards"], r["store"], r["workers"]) for r in loader] == cases
     assert all(r["value"] > 0 for r in loader)  # tokens/s
     assert len([r for r in rows if r["figure"].startswith("padding, ")]) == len(PADDING_ROWS)
     (prep,) = [r for r in rows if r["figure"].endswith("pairs, shard stage")]
