@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 GPU_WORKERS_MAX = 2  # loader workers per rank `auto` gives a GPU rank with cores to spare
 STORES = ("auto", "packed", "tar")  # data.store
+PACKED_MISSING = (
+    "packed, but the manifest lists no packed ids for these shards (re-run `paperscale "
+    "prepare` on the same corpus and data dir to add them)"
+)
 
 
 @dataclass
@@ -95,10 +99,11 @@ def resolved_store(store: str, shards: list[dict], text: bool) -> str:
     """`data.store` for a stream over `shards` (manifest entries): "packed" or "tar". Batches
     with text read the tar shards, the text's only copy; `auto` reads the packed ids where
     every shard has them. ValueError for `packed` on shards without them."""
-    has_packed = all("packed" in s for s in shards)
-    if store == "packed" and not has_packed:
-        raise ValueError(
-            "data.store is packed, but the manifest lists no packed ids for these shards "
-            "(re-run `paperscale prepare` on the same corpus and data dir to add them)"
-        )
-    return "packed" if store != "tar" and has_packed and not text else "tar"
+    if store == "packed" and not has_packed(shards):
+        raise ValueError(f"data.store: {PACKED_MISSING}")
+    return "packed" if store != "tar" and has_packed(shards) and not text else "tar"
+
+
+def has_packed(shards: list[dict]) -> bool:
+    """Whether every shard (manifest entries) has its packed ids."""
+    return all("packed" in s for s in shards)

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from data_pipeline.config import DataConfig
+from data_pipeline.config import PACKED_MISSING, DataConfig, has_packed
 from model.config import ModelConfig
 from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfig
 from trainer.secrets import is_secret_name, secret_env_values
@@ -192,12 +192,8 @@ def check_data_dir(job: JobConfig) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise ConfigError("data.dir", f"not a valid manifest: {exc}") from None
     shards = manifest["splits"].get("train", {}).get("shards", [])
-    if job.data.store == "packed" and not all("packed" in s for s in shards):
-        raise ConfigError(
-            "data.store",
-            f"packed, but the manifest of {job.data.dir} lists no packed ids for its train "
-            "shards (re-run `paperscale prepare` on the same corpus and data dir to add them)",
-        )
+    if job.data.store == "packed" and not has_packed(shards):
+        raise ConfigError("data.store", f"{PACKED_MISSING} (the train split of {job.data.dir})")
     return manifest
 
 
