@@ -44,9 +44,11 @@ INDEX_COLUMNS = 4  # offset, source length, target length, line
 
 
 def packed_name(shard_name: str) -> str:
-    """``shards/train-000000.tar[.gz]`` -> ``shards/train-000000.ids``."""
-    base = shard_name.removesuffix(".gz").removesuffix(".tar").removesuffix(".tgz")
-    return base + SUFFIX
+    """``shards/train-000000.tar`` (or ``.tar.gz``, ``.tgz``) -> ``shards/train-000000.ids``."""
+    for suffix in (".tar.gz", ".tgz", ".tar"):
+        if shard_name.endswith(suffix):
+            return shard_name.removesuffix(suffix) + SUFFIX
+    return shard_name + SUFFIX
 
 
 class PackedError(Exception):
@@ -136,7 +138,10 @@ class PackedShard:
             head = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise PackedError(f"{name}: unreadable header") from None
-        if not isinstance(head, dict):
+        fields = {"dtype": str, "samples": int, "tokens": int, "key_prefix": str}
+        if not isinstance(head, dict) or any(
+            not isinstance(head.get(k), kind) for k, kind in fields.items()
+        ):
             raise PackedError(f"{name}: unreadable header")
         return head
 

@@ -196,3 +196,24 @@ def test_store_packed_without_packed_ids_is_a_config_error(prepared: Path, tmp_p
     with pytest.raises(ConfigError, match=r"^data.store: packed, but .* no packed ids"):
         check_data_dir(job)
     check_data_dir(load_config(None, [f"data.dir={data}", "data.store=auto"]))
+
+
+def test_packed_names_sit_beside_their_shards() -> None:
+    for shard in (
+        "shards/train-000001.tar",
+        "shards/train-000001.tar.gz",
+        "shards/train-000001.tgz",
+    ):
+        assert packed_name(shard) == "shards/train-000001.ids"
+
+
+def test_a_header_missing_a_field_is_a_damaged_file(prepared: Path, tmp_path: Path) -> None:
+    def no_tokens(path: Path, raw: bytearray) -> None:
+        length = int.from_bytes(raw[len(MAGIC) : len(MAGIC) + 4], "little")
+        head = raw[len(MAGIC) + 4 : len(MAGIC) + 4 + length].replace(b'"tokens"', b'"tokenz"')
+        raw[len(MAGIC) + 4 : len(MAGIC) + 4 + length] = head
+        path.write_bytes(bytes(raw))
+
+    data = damaged_copy(prepared, tmp_path, no_tokens)
+    with pytest.raises(PackedError, match="unreadable header"):
+        PackedShard(data, train_shards(data)[2], "uint16", VOCAB)
