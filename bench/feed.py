@@ -19,9 +19,9 @@ from typing import Any
 
 from bench.common import ROOT, Row, row
 from bench.data import run_prepare
-from data_pipeline.config import DataConfig
+from data_pipeline.config import DataConfig, has_packed
 from data_pipeline.corpus.synthetic import write_synthetic
-from data_pipeline.loader import TokenBatchStream
+from data_pipeline.loader import TokenBatchStream, read_manifest
 
 STALL_S = 0.05  # a wait longer than this counts as a stall
 # side by side: the tars read ahead (the store before the packed ids), the packed ids with each
@@ -107,8 +107,10 @@ def measure(
     if not corpus:
         write_synthetic(src, n_train=4000 if smoke else 200_000, n_valid=20, n_test=20, seed=1)
     data = work / "data"  # kept from an earlier run where it holds the packed ids
-    manifest = data / "manifest.json"
-    if not (manifest.is_file() and '"packed"' in manifest.read_text()):
+    if not (
+        (data / "manifest.json").is_file()
+        and has_packed(read_manifest(data)["splits"]["train"]["shards"])
+    ):
         run_prepare(src, data, vocab_size=200 if smoke else vocab_size)
     rows: list[Row] = []
     for variant in variants:
