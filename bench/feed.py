@@ -25,11 +25,14 @@ from data_pipeline.loader import TokenBatchStream, read_manifest
 
 STALL_S = 0.05  # a wait longer than this counts as a stall
 # side by side: the tars read ahead (the store before the packed ids), the packed ids with each
-# window read when its turn comes, and the defaults (packed ids, read ahead)
+# window read when its turn comes, the packed ids read ahead but each batch received from the
+# workers when the consumer asks for it, and the defaults (packed ids, read ahead, received
+# ahead in a thread)
 VARIANTS = (
-    {"store": "tar", "read_ahead": 1},
-    {"store": "packed", "read_ahead": 0},
-    {"store": "packed", "read_ahead": 1},
+    {"store": "tar", "read_ahead": 1, "prefetch": 0},
+    {"store": "packed", "read_ahead": 0, "prefetch": 0},
+    {"store": "packed", "read_ahead": 1, "prefetch": 0},
+    {"store": "packed", "read_ahead": 1, "prefetch": 4},
 )
 
 

@@ -31,6 +31,10 @@ class DataConfig:
     # shuffle windows each worker reads, decodes and cuts ahead (a thread) while it hands out
     # the current one's batches; 0: each window when its turn comes (the consumer waits then)
     read_ahead: int = 1
+    # batches the rank receives from its workers ahead of the trainer, in a thread (taking a
+    # batch off the workers' queue and unpickling it, ~0.5 ms, overlaps the step); 0: received
+    # when the trainer asks for it
+    prefetch: int = 4
     # what training batches are read from: auto (the packed ids `prepare` writes beside each
     # shard, where the manifest lists them; else the tar shards), packed or tar; text for BLEU
     # and `translate` always comes from the tar shards
@@ -47,7 +51,7 @@ class DataConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 out.append((key, f"must be a positive integer, got {value!r}"))
-        for key in ("shuffle_buffer", "num_workers", "read_ahead"):
+        for key in ("shuffle_buffer", "num_workers", "read_ahead", "prefetch"):
             value = getattr(self, key)
             if key == "num_workers" and value == "auto":
                 continue

@@ -37,6 +37,7 @@ from data_pipeline.dealing import Dealing, parts_for
 from data_pipeline.manifest import read_manifest
 from data_pipeline.position import Counters, WorkerPosition, progress_from_json, progress_to_json
 from data_pipeline.producer import ProducerContext, WorkerDataset, produce
+from data_pipeline.read_ahead import ReadAhead
 from data_pipeline.resume import READABLE_VERSIONS, STATE_VERSION, merge_states
 from data_pipeline.worker_signals import ignore_stop_signals, stop_signals_held
 
@@ -199,12 +200,24 @@ class TokenBatchStream:
         """Batches from the current position on (a new iterator continues where the last
         delivered batch left off)."""
         positions = [p.copy() for p in self._positions]
+        receiver = None
         if self.cfg.num_workers == 0:
             items: Any = produce(self._ctx, 0, self._ctx.slot0, positions[0])
         else:
             # the workers start, and the closing Event registers with the resource tracker
             with stop_signals_held():
                 items = iter(self._worker_loader(positions))
+            if self.cfg.prefetch > 0:
+                # received ahead in a thread; a position counts only once handed out below
+                receiver = ReadAhead(items, self.cfg.prefetch, lambda _: True)
+                items = iter(receiver)
+        try:
+            yield from self._hand_out(items)
+        finally:
+            if receiver is not None:
+                receiver.close()
+
+    def _hand_out(self, items: Iterator[Any]) -> Iterator[Batch]:
         for item in items:
             self._positions[item.worker] = item.pos
             self._next = (item.worker + 1) % self.num_workers

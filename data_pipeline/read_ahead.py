@@ -1,4 +1,5 @@
-"""A producer's events built in a thread, a bounded number of windows ahead of the consumer.
+"""A producer's events built in a thread, a bounded number of windows ahead of the consumer (and,
+with every item counted as a window, a rank's batches received ahead of the trainer: loader.py).
 
 The next shuffle window is read, decoded and cut while the current one's batches go out, so that
 a loader worker's lead at a window boundary is a window, not the DataLoader's two batches.

@@ -76,13 +76,14 @@ def _decisions_one_answer(outcome: suite.Outcome) -> None:
 
 def _feed_both_ranks(outcome: suite.Outcome) -> None:
     """bench feed --smoke: both consumers took batches and report their waits, in every
-    variant: the tars read ahead, the packed ids read when each window's turn comes and ahead."""
-    variants = [("tar", 1), ("packed", 0), ("packed", 1)]
-    for (store, read_ahead), rank in ((v, r) for v in variants for r in (0, 1)):
+    variant: the tars read ahead, the packed ids read when each window's turn comes and ahead,
+    each batch received when asked for and ahead in a thread."""
+    variants = [("tar", 1, 0), ("packed", 0, 0), ("packed", 1, 0), ("packed", 1, 4)]
+    for variant, rank in ((v, r) for v in variants for r in (0, 1)):
         mine = {
             r["unit"]: r["value"]
             for r in outcome.rows
-            if r["rank"] == rank and (r["store"], r["read_ahead"]) == (store, read_ahead)
+            if r["rank"] == rank and (r["store"], r["read_ahead"], r["prefetch"]) == variant
         }
         assert mine["tokens/s"] > 0 and 0 <= mine["%"] <= 100, mine
         assert mine["ms"] >= 0 and mine["s"] > 0, mine

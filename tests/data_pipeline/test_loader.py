@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import tarfile
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -135,7 +136,6 @@ def boundary_waits(
 ) -> list[float]:
     """Seconds the consumer waited for the first batch of windows 3-9, with a reader that
     sleeps 0.2 s per window (the fault seam) and a consumer busy `per_batch_s` a batch."""
-    import time
 
     monkeypatch.setenv("PAPERSCALE_FAULT_SLOW_WINDOW_S", "0.2")
     cfg = data_cfg(num_workers=0, shuffle_buffer=150, read_ahead=read_ahead)
@@ -247,9 +247,26 @@ def test_valid_split_covers_everything_once(prepared: Path, world_size: int, wor
     assert Counter(keys) == Counter(all_keys(prepared, "valid"))
 
 
-@pytest.mark.parametrize("workers,k", [(2, 7), (0, 12)])
-def test_resume_is_exact(prepared: Path, workers: int, k: int) -> None:
-    cfg = data_cfg(num_workers=workers)
+def test_batches_received_ahead_count_only_once_handed_out(prepared: Path) -> None:
+    """The rank's receiver thread (data.prefetch) takes batches off the workers' queue ahead of
+    the consumer: the same batches in the same order as without it, and the saved position is
+    the last batch handed out, not the last one received."""
+    got: dict[int, tuple[list[Batch], dict]] = {}
+    for prefetch in (0, 8):
+        s = TokenBatchStream(prepared, "train", data_cfg(prefetch=prefetch), rank=1, world_size=2)
+        it = iter(s)
+        batches = [next(it) for _ in range(5)]
+        time.sleep(0.5)  # the thread fills its queue meanwhile
+        got[prefetch] = (batches, s.state_dict())
+        s.close()
+        del it
+    assert same(got[0][0], got[8][0])
+    assert got[0][1] == got[8][1]
+
+
+@pytest.mark.parametrize("workers,k,prefetch", [(2, 7, 4), (2, 7, 0), (0, 12, 4)])
+def test_resume_is_exact(prepared: Path, workers: int, k: int, prefetch: int) -> None:
+    cfg = data_cfg(num_workers=workers, prefetch=prefetch)
     for rank in range(2):
         s = TokenBatchStream(prepared, "train", cfg, rank=rank, world_size=2)
         it = iter(s)
@@ -487,7 +504,6 @@ def test_loader_workers_survive_stop_signals(prepared: Path) -> None:
     leave it running: the rank decides when to stop, and the stream goes on."""
     import os
     import signal
-    import time
 
     cfg = data_cfg(max_tokens=512, shuffle_buffer=100, num_workers=2)
     straight = [b.keys for b in TokenBatchStream(prepared, "train", cfg, epochs=1)]
@@ -579,7 +595,6 @@ def test_the_workers_and_fork_server_of_a_killed_rank_exit(prepared: Path) -> No
     memory or the job's output open."""
     import subprocess
     import sys
-    import time
 
     from data_pipeline.worker_signals import process_alive
     from launch.local import child_pids
