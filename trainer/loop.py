@@ -204,8 +204,10 @@ class Trainer:
         self.watchdog.arm()
         self.events.step_begins(self.state.step)
         before = self.checkpoints.rank_states()  # data position and RNG before this step
+        waited = time.perf_counter()
         with record_function(REGION_DATA):
             micro = [next(self.batches) for _ in range(self.cfg.grad_accum)]
+        waited = time.perf_counter() - waited
         clock_due = bool(
             self.env.is_main
             and self.cfg.save_every_minutes
@@ -237,7 +239,7 @@ class Trainer:
                 )
             return
         self.step_sums = result.sums
-        self.window.add(result.sums, batch_flops(self.model_cfg, micro))
+        self.window.add(result.sums, batch_flops(self.model_cfg, micro), waited)
         self.state.step += 1
         self.events.step_ended(self.state.step)
         with self.timer.paused():  # a budget's calibration evaluates and decodes
@@ -301,6 +303,9 @@ class Trainer:
         )
         if self.peak:
             self.record["mfu"] = w.flops / seconds / self.peak
+        # the share of the window the ranks spent waiting for batches (their mean): the loader
+        # is the bottleneck where it is more than a few percent (docs/data.md)
+        self.record["data_wait_pct"] = 100.0 * w.data_s / self.env.world_size / seconds
         self.record.update(memory_metrics(self.env.device))
         self.record["samples_skipped_long"] = int(w.skipped_long)
         self.record["samples_skipped_corrupt"] = int(w.skipped_corrupt)

@@ -191,6 +191,7 @@ class WindowTotals(NamedTuple):
     tgt_tokens: float  # real (unpadded) target tokens
     src_tokens: float
     flops: float  # training FLOPs (trainer/flops.py's count)
+    data_s: float  # seconds the ranks waited for their micro-batches (summed over ranks)
     skipped_long: float  # samples the loader skipped so far: too long
     skipped_corrupt: float  # and unreadable
     steps: int  # steps in the window (each rank's; the same on all)
@@ -203,20 +204,23 @@ class LogWindow:
     def __init__(self, device: torch.device) -> None:
         self.sums = torch.zeros(4, dtype=torch.float64, device=device)  # as StepResult.sums
         self.flops = 0.0
+        self.data_s = 0.0
         self.steps = 0
 
-    def add(self, sums: torch.Tensor, flops: float) -> None:
+    def add(self, sums: torch.Tensor, flops: float, data_s: float = 0.0) -> None:
         self.sums += sums
         self.flops += flops
+        self.data_s += data_s
         self.steps += 1
 
     def reduce(self, skipped: list[float]) -> WindowTotals:
         """The window over all ranks, with the loader's skip counters (one all-reduce, one
         host sync); then empty again."""
-        extra = torch.tensor([self.flops, *skipped], dtype=torch.float64, device=self.sums.device)
-        reduced = torch.cat([self.sums, extra])  # (7,): the sums, FLOPs, the skip counters
+        extra = [self.flops, self.data_s, *skipped]
+        extra_t = torch.tensor(extra, dtype=torch.float64, device=self.sums.device)
+        reduced = torch.cat([self.sums, extra_t])  # (8,): sums, FLOPs, data wait, skip counters
         dist.all_reduce(reduced)
         totals = WindowTotals(*reduced.tolist(), steps=self.steps)
         self.sums.zero_()
-        self.flops, self.steps = 0.0, 0
+        self.flops, self.data_s, self.steps = 0.0, 0.0, 0
         return totals

@@ -67,6 +67,8 @@ def test_two_ranks_train_resume_translate_evaluate(synthetic_data: Path, tmp_pat
     assert all(
         r["loss"] > 0 and r["lr"] > 0 and r["tokens_per_s"] > 0 for r in records if "loss" in r
     )
+    # the share of each window the ranks waited for batches: a share, on every logged step
+    assert all(0 <= r["data_wait_pct"] < 100 for r in records if "loss" in r), records
     final = records[-1]
     assert "valid_loss" in final and "bleu" in final
     assert (run_dir / "checkpoints/latest").read_text().strip() == "step_00000008"
