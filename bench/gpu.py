@@ -128,9 +128,10 @@ def fixed_step(job: Any, vocab: int, tokens: int, seq_len: int) -> list[Batch]:
 
 def time_steps(
     engine: Any, env: Any, cfg: ModelConfig, batches: list, warmup: int, steps: int, cuda: bool
-) -> tuple[float, Any]:
+) -> tuple[float, float, Any]:
     """`warmup` steps, then `steps` timed ones (step i on `batches[i % len(batches)]`), the peak
-    memory counted from the warm-up's end: seconds per timed step and the last step's sums."""
+    memory counted from the warm-up's end: seconds per timed step, seconds of the first step
+    (a compiled model's compilation included) and the last step's sums."""
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
     if not cuda:
         backends.append(SDPBackend.MATH)
@@ -140,8 +141,12 @@ def time_steps(
         return train_step(engine, batches[i % len(batches)], env, cfg.label_smoothing, [False]).sums
 
     with sdpa_kernel(backends):
+        first = time.perf_counter()
         for i in range(warmup):
             step(i)
+            if i == 0:
+                sync()
+                first = time.perf_counter() - first
         sync()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -150,7 +155,7 @@ def time_steps(
             sums = step(i)
         sync()
         step_s = (time.perf_counter() - start) / steps
-    return step_s, sums
+    return step_s, first, sums
 
 
 class Size(NamedTuple):
@@ -186,7 +191,10 @@ def configuration(fields: Sequence[Any], lengths: str, overrides: Sequence[str])
     else:
         batches = wmt14_steps(job, vocab, size.tokens, warmup + steps)
     cuda = size.device == "cuda"
-    step_s, sums = time_steps(engine, env, cfg, batches, warmup, steps, cuda)
+    step_s, first_s, sums = time_steps(engine, env, cfg, batches, warmup, steps, cuda)
+    from torch._dynamo.utils import counters  # imported by the engine's optimizer already
+
+    graphs = int(counters["stats"]["unique_graphs"])  # dynamo's graphs: recompiles show here
     timed = [batches[i % len(batches)] for i in range(warmup, warmup + steps)]
     real = sum(b.n_src_tokens + b.n_tgt_tokens for step in timed for b in step)
     padded = sum(b.src.numel() + b.tgt_out.numel() for step in timed for b in step)
@@ -217,6 +225,8 @@ def configuration(fields: Sequence[Any], lengths: str, overrides: Sequence[str])
     figures = [
         ("tokens/s", per_step / step_s, "tokens/s"),
         ("step", step_s, "s"),
+        ("first step, compilation included", first_s, "s"),
+        ("graphs compiled", graphs, "graphs"),
         ("MFU (table peak)", flops / step_s / peak, "fraction"),
         ("MFU (measured matmul peak)", flops / step_s / measured_peak, "fraction"),
         ("peak memory", memory / 2**30, "GiB"),

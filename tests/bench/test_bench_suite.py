@@ -44,12 +44,19 @@ def _gpu_configurations(outcome: suite.Outcome) -> None:
     through the batcher and ZeRO 1 with train.deterministic train on CPU through the trainer's
     engine and step, each in its own process; the rows have one set per configuration with
     positive tokens/s and step time, a loss in (0, 10), padding only in the WMT14-like one, and
-    the deterministic one's loss that of the first (the CPU computes alike either way)."""
+    the deterministic one's loss that of the first (the CPU computes alike either way); the
+    first step timed (no less than a step) and no graph compiled (none is at smoke size)."""
     *rows, finished = outcome.rows
     assert (finished["figure"], finished["value"]) == ("configurations finished", 4)
     figures = {
         (r["zero"], r["compile"], r["lengths"], r["deterministic"], r["unit"]): r["value"]
         for r in rows
+        if "first step" not in r["figure"]
+    }
+    firsts = {
+        (r["zero"], r["compile"], r["lengths"], r["deterministic"]): r["value"]
+        for r in rows
+        if "first step" in r["figure"]
     }
     cases = sorted({key[:4] for key in figures})
     assert cases == [
@@ -61,6 +68,7 @@ def _gpu_configurations(outcome: suite.Outcome) -> None:
         assert figures[(*case, "s")] > 0
         assert 0 < figures[(*case, "loss")] < 10  # ~ln(64) at the start
         assert (figures[(*case, "%")] > 0) == (case[2] == "wmt14")
+        assert firsts[case] > 0 and figures[(*case, "graphs")] == 0
     plain, strict = (1, "false", "fixed", False), (1, "false", "fixed", True)
     assert figures[(*strict, "loss")] == figures[(*plain, "loss")]
 
