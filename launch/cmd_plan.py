@@ -28,6 +28,7 @@ def _check_args(args: argparse.Namespace) -> None:
         ("--peak-tflops", args.peak_tflops),
         ("--seq-len", args.seq_len),
         ("--write-gbs", args.write_gbs),
+        ("--network-gbps", args.network_gbps),
     ):
         if value is not None and not value > 0:
             raise UsageError(f"{name} must be > 0, got {value}")
@@ -125,18 +126,16 @@ def device_speed(
         )
         return measured_speed(cal, model), cal.precision, how, gpu_mem
     precision, how, gpu_mem, peak = plan_gpu(args, job.train.precision)
-    ranks, compiled = args.nodes * args.gpus_per_node, whole_model_compiled(job)
+    compiled = whole_model_compiled(job)
     untold = args.mfu is None and args.overhead_ms is None
     if spec is not None and precision == "bf16" and untold:
         measured = MEASURED_GPUS.get(spec.key)
         if measured:
-            speed = gpu_measured_speed(spec.key, peak, measured, compiled, ranks, why)
+            speed = gpu_measured_speed(spec.key, peak, measured, compiled, why)
             return speed, precision, how, gpu_mem
         ref = min(MEASURED_GPUS, key=lambda k: abs(math.log(gpu_spec(k).half / peak)))
         ref_peak = gpu_spec(ref).half
-        speed = scaled_gpu_speed(
-            spec.key, peak, ref, ref_peak, MEASURED_GPUS[ref], compiled, ranks, why
-        )
+        speed = scaled_gpu_speed(spec.key, peak, ref, ref_peak, MEASURED_GPUS[ref], compiled, why)
         return speed, precision, how, gpu_mem
     overhead = ASSUMED_OVERHEAD_S if args.overhead_ms is None else args.overhead_ms / 1e3
     mfu = ASSUMED_MFU if args.mfu is None else args.mfu
@@ -164,6 +163,7 @@ def calibrated_memory(cal: Calibration, args: argparse.Namespace) -> float:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan of `args.config` on the machine the arguments describe (or its JSON)."""
     from launch.config import load_config
+    from launch.cost_model.comm import Interconnect
     from launch.cost_model.feed import feed_figures
     from launch.cost_model.plan import Machine, make_plan
     from launch.cost_model.table import format_plan
@@ -185,6 +185,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         overhead_s=speed.overhead_s,
         overhead_micro_s=speed.overhead_micro_s,
         on_cpu=speed.device == "cpu",
+        links=Interconnect.of(args.intra_link, args.network, args.network_gbps),
+        comm_bytes=4 if precision == "fp32" else 2,
     )
     target, target_from = target_tokens(args.target_tokens, job, machine.world)
     plan = make_plan(
@@ -230,7 +232,8 @@ def configured_batch(
         machine.loss_chunking(),
     )  # fmt: skip
     tokens = micro * accum * machine.world
-    step = step_time(cfg, machine, tokens, args.seq_len, checkpointing, args.fill, accum)
+    step = step_time(cfg, machine, tokens, args.seq_len, checkpointing, args.fill, accum,
+                     job.train.zero_stage)  # fmt: skip
     return {
         "micro_tokens": micro,
         "grad_accum": accum,

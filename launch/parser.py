@@ -316,7 +316,7 @@ def add_plan_speed(plan: argparse.ArgumentParser) -> None:
     plan.add_argument(
         "--overhead-ms",
         type=float,
-        help="assumed overhead per step of a device not measured, in ms (10)",
+        help="assumed overhead per step of a device not measured, in ms (8)",
     )
     plan.add_argument(
         "--fill",
@@ -336,6 +336,23 @@ def add_plan_speed(plan: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="GB/s a node writes checkpoints at (assumed; default 1.0): the save time",
+    )
+    plan.add_argument(
+        "--intra-link",
+        choices=["nvlink", "pcie"],
+        default="nvlink",
+        help="how a node's GPUs reach each other, for the gradients' synchronisation (nvlink)",
+    )
+    plan.add_argument(
+        "--network",
+        choices=["ib", "ethernet"],
+        default="ib",
+        help="the nodes' network beyond one node (ib: 8 x 400 Gb/s a node; ethernet: 100 Gb/s)",
+    )
+    plan.add_argument(
+        "--network-gbps",
+        type=float,
+        help="a node's network in Gb/s, all its adapters (e.g. 3200), instead of --network's",
     )
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import record_function
 
 from data_pipeline.loader import Batch, TokenBatchStream
 from data_pipeline.manifest import tokenizer_path
@@ -48,9 +47,9 @@ from trainer.step import (
     nonfinite_flag,
     optimizer_metrics,
     skipped_counts,
+    take_batches,
     train_step,
 )
-from trainer.step_time import REGION_DATA
 from trainer.target import Target
 from trainer.validation import Evaluator
 
@@ -204,10 +203,7 @@ class Trainer:
         self.watchdog.arm()
         self.events.step_begins(self.state.step)
         before = self.checkpoints.rank_states()  # data position and RNG before this step
-        waited = time.perf_counter()
-        with record_function(REGION_DATA):
-            micro = [next(self.batches) for _ in range(self.cfg.grad_accum)]
-        waited = time.perf_counter() - waited
+        micro, waited = take_batches(self.batches, self.cfg.grad_accum)
         clock_due = bool(
             self.env.is_main
             and self.cfg.save_every_minutes
@@ -303,8 +299,6 @@ class Trainer:
         )
         if self.peak:
             self.record["mfu"] = w.flops / seconds / self.peak
-        # the share of the window the ranks spent waiting for batches (their mean): the loader
-        # is the bottleneck where it is more than a few percent (docs/data.md)
         self.record["data_wait_pct"] = 100.0 * w.data_s / self.env.world_size / seconds
         self.record.update(memory_metrics(self.env.device))
         self.record["samples_skipped_long"] = int(w.skipped_long)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -14,7 +15,7 @@ from data_pipeline.loader import Batch, TokenBatchStream
 from model.config import ModelConfig
 from trainer.dist import DistEnv
 from trainer.flops import step_flops
-from trainer.step_time import REGION_BACKWARD, REGION_FORWARD, REGION_OPTIMIZER
+from trainer.step_time import REGION_BACKWARD, REGION_DATA, REGION_FORWARD, REGION_OPTIMIZER
 
 
 @dataclass
@@ -195,6 +196,15 @@ class WindowTotals(NamedTuple):
     skipped_long: float  # samples the loader skipped so far: too long
     skipped_corrupt: float  # and unreadable
     steps: int  # steps in the window (each rank's; the same on all)
+
+
+def take_batches(batches: Iterator[Batch], n: int) -> tuple[list[Batch], float]:
+    """A step's `n` micro-batches and the seconds spent waiting for them: summed per log window
+    into `data_wait_pct`, the share of it the ranks waited (docs/data.md)."""
+    start = time.perf_counter()
+    with record_function(REGION_DATA):
+        micro = [next(batches) for _ in range(n)]
+    return micro, time.perf_counter() - start
 
 
 class LogWindow:

@@ -34,9 +34,10 @@ from launch.cost_model.activations import (
     per_token_bytes,
     projection_copy_bytes,
 )
+from launch.cost_model.comm import Interconnect
+from launch.cost_model.step_time import step_time
 from model.config import LossChunking, ModelConfig, loss_chunking
 from model.params import count_parameters
-from trainer.flops import step_flops
 
 GIB = 2**30
 STAGES = (0, 1, 2, 3)
@@ -64,6 +65,9 @@ class Machine:
     overhead_s: float = 0.0  # per optimizer step, beyond the matmuls (launch/cost_model/speed.py)
     overhead_micro_s: float = 0.0  # per micro-batch, beyond its matmuls
     on_cpu: bool = False  # CPU ranks (a calibrated CPU): the loss is cut as a CPU's
+    # GPU links for the gradients' synchronisation (launch/cost_model/comm.py); None: not priced
+    links: Interconnect | None = None
+    comm_bytes: int = 2  # bytes a parameter's gradient is communicated in (bf16/fp16; fp32: 4)
 
     @property
     def world(self) -> int:
@@ -284,35 +288,6 @@ def recommend_stage(stages: list[dict[str, float | int | bool]]) -> int | None:
     return min(int(s["stage"]) for s in fitting if int(s["grad_accum"]) == fewest)
 
 
-def step_time(
-    cfg: ModelConfig,
-    machine: Machine,
-    tokens: int,
-    seq_len: int,
-    checkpointing: bool = False,
-    fill: float = 1.0,
-    accum: int = 1,
-) -> dict[str, float]:
-    """FLOPs and seconds of one optimizer step of `tokens` padded tokens per side (all ranks)
-    in `accum` micro-batches per rank.
-
-    step_s = FLOPs of the tokens the micro-batches hold (`fill` of their budget) / (ranks x
-    peak x MFU) + the overhead per step + accum x the overhead per micro-batch
-    (launch/cost_model/speed.py).
-    """
-    flops = step_flops(cfg, tokens, tokens, seq_len, seq_len)
-    if checkpointing:
-        flops *= 4 / 3  # the forward pass runs twice
-    compute_s = fill * flops / (machine.world * machine.peak_flops * machine.mfu)
-    overhead_s = machine.overhead_s + accum * machine.overhead_micro_s
-    return {
-        "flops": flops,
-        "compute_s": compute_s,
-        "overhead_s": overhead_s,
-        "step_s": compute_s + overhead_s,
-    }
-
-
 def _chosen_stage(
     cfg: ModelConfig,
     machine: Machine,
@@ -325,7 +300,8 @@ def _chosen_stage(
     """The recommended stage's batch, FLOPs, step and total time, and its overrides."""
     tokens = int(chosen["micro_tokens"]) * int(chosen["grad_accum"]) * machine.world
     accum = int(chosen["grad_accum"])
-    step = step_time(cfg, machine, tokens, seq_len, checkpointing, fill, accum)
+    step = step_time(cfg, machine, tokens, seq_len, checkpointing, fill, accum,
+                     int(chosen["stage"]))  # fmt: skip
     return {
         "micro_tokens": chosen["micro_tokens"],
         "max_micro_tokens": chosen["max_micro_tokens"],
@@ -335,6 +311,9 @@ def _chosen_stage(
         "mfu": machine.mfu,
         "peak_tflops": machine.peak_flops / 1e12,
         "overhead_s": step["overhead_s"],
+        "comm_s": step["comm_s"],
+        "comm_bytes": step["comm_bytes"],
+        "comm_link": step["comm_link"],
         "fill": fill,
         "compute_s": step["compute_s"],
         "step_s": step["step_s"],

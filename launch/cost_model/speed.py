@@ -21,9 +21,10 @@ MFU; another one training in bf16 at that MFU on its own peak, by the ratio of t
 peak (trainer/flops.py's table, or `--peak-tflops`) x `--mfu`, and the overhead
 ASSUMED_OVERHEAD_S per step (none per micro-batch) unless `--overhead-ms` says otherwise: about
 1,200 kernels of one big-model micro-batch at ~5 us of launch each (6 ms, hidden only where
-kernels are long), the fused Adam pass over the fp32 states (~2 ms on HBM3) and an unoverlapped
-share of the gradient all-reduce (~2 ms over NVLink). An estimate, not a measurement; the plan
-says so in its output. Checked against MLPerf v0.7's DGX A100 log
+kernels are long) and the fused Adam pass over the fp32 states (~2 ms on HBM3). An estimate, not
+a measurement; the plan says so in its output. Between GPU ranks the gradients' synchronisation
+is priced on top, from its bytes and links (launch/cost_model/comm.py: ~2 ms for the big model
+on 8 NVLink GPUs). Checked against MLPerf v0.7's DGX A100 log
 (launch/cost_model/quality.py): at A100's datasheet peak, MFU 0.4 and this overhead the plan
 gives 0.153 s per step of 110,592 tokens (0.140 s with `--fill 0.91`, the share of the budget
 its batches held), where the log shows 0.130 s (472 s for 3,632 steps, with evaluation).
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 ASSUMED_MFU = 0.4
-ASSUMED_OVERHEAD_S = 0.010
+ASSUMED_OVERHEAD_S = 0.008
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,12 @@ class GpuMeasurement:
 
 # The big model at ~25k tokens per side, bf16, ZeRO 1, one GPU: the MFU at the paper's batch (a
 # larger micro-batch computes at a higher one, so the plan errs slow there). Ranks > 1 add the
-# gradient all-reduce's unoverlapped share, assumed (COMM_OVERHEAD_S; nothing measured yet).
+# gradients' synchronisation (launch/cost_model/comm.py).
 MEASURED_GPUS = {
     "H200": GpuMeasurement(
         0.235, 0.319, "bench gpu on one H200, 2026-12-04: 360k tokens/s eager, 489k compiled"
     ),
 }
-COMM_OVERHEAD_S = 0.002
 CALIBRATION_FORMAT = 1  # bumped when the file's meaning changes
 
 
@@ -183,46 +183,41 @@ def assumed_speed(
 
 
 def gpu_measured_speed(
-    name: str, peak_flops: float, measured: GpuMeasurement, compiled: bool, ranks: int,
-    why: str = "",
-) -> Speed:  # fmt: skip
-    """A GPU model measured here by the `gpu` bench: its end-to-end MFU, plus the all-reduce's
-    assumed share where there is more than one rank."""
-    mfu, overhead, tail = _measured_parts(measured, compiled, ranks, why)
+    name: str, peak_flops: float, measured: GpuMeasurement, compiled: bool, why: str = ""
+) -> Speed:
+    """A GPU model measured here by the `gpu` bench: its end-to-end MFU (one GPU's step; the
+    synchronisation between ranks is priced by launch/cost_model/comm.py)."""
+    mfu, tail = _measured_parts(measured, compiled, why)
     line = (
         f"{name}: MFU {mfu:.3f} of its {peak_flops / 1e12:g} TFLOP/s peak measured end to end "
         f"({'torch.compile' if compiled else 'eager'}; {measured.where}; bench/RESULTS.md), "
         f"overheads of one GPU's step included{tail}"
     )
-    return Speed(name, True, peak_flops, mfu, overhead, 0.0, line)
+    return Speed(name, True, peak_flops, mfu, 0.0, 0.0, line)
 
 
-def _measured_parts(
-    measured: GpuMeasurement, compiled: bool, ranks: int, why: str
-) -> tuple[float, float, str]:
-    """(MFU, overhead per step, the line's tail): the all-reduce's assumed share on > 1 rank."""
+def _measured_parts(measured: GpuMeasurement, compiled: bool, why: str) -> tuple[float, str]:
+    """(MFU, the line's tail)."""
     mfu = measured.mfu_compiled if compiled else measured.mfu_eager
-    overhead = COMM_OVERHEAD_S if ranks > 1 else 0.0
-    tail = f"; + {overhead * 1e3:g} ms per step for the gradient all-reduce (assumed)"
-    return mfu, overhead, (tail if overhead else "") + (f" ({why})" if why else "")
+    return mfu, f" ({why})" if why else ""
 
 
 def scaled_gpu_speed(
     name: str, peak_flops: float, reference: str, reference_peak: float,
-    measured: GpuMeasurement, compiled: bool, ranks: int, why: str = "",
+    measured: GpuMeasurement, compiled: bool, why: str = "",
 ) -> Speed:  # fmt: skip
     """A GPU model nobody measured here, planned from one the `gpu` bench measured by the ratio
     of their peaks: the reference's end-to-end MFU at this GPU's own peak (the same software
     doing the same work, at the speed of the other chip's matmuls). Not a measurement; marked
     so (`speed_measured` false)."""
-    mfu, overhead, tail = _measured_parts(measured, compiled, ranks, why)
+    mfu, tail = _measured_parts(measured, compiled, why)
     line = (
         f"{name}: not measured here; planned from {reference}'s measured MFU {mfu:.3f} "
         f"({'torch.compile' if compiled else 'eager'}; {measured.where}) at its own peak "
         f"{peak_flops / 1e12:g} TFLOP/s, by the ratio of peaks ({reference_peak / 1e12:g} / "
         f"{peak_flops / 1e12:g}){tail}"
     )
-    return Speed(name, False, peak_flops, mfu, overhead, 0.0, line)
+    return Speed(name, False, peak_flops, mfu, 0.0, 0.0, line)
 
 
 def calibration_applies(cal: Calibration, gpu_key: str | None, precision: str) -> str:

@@ -82,8 +82,17 @@ def _time_lines(plan: dict) -> list[str]:
         f"({plan['tokens_per_step_per_side']:,} tokens per side) = "
         f"{plan['compute_s']:.3f} s of compute at "
         f"{plan['mfu']:.0%} MFU of {format_rate(plan['peak_tflops'] * 1e12)} per rank + "
-        f"{plan['overhead_s'] * 1e3:.1f} ms of overheads{full}",
+        f"{plan['overhead_s'] * 1e3:.1f} ms of overheads"
+        + (f" + {plan['comm_s'] * 1e3:.1f} ms of gradient sync" if plan.get("comm_s") else "")
+        + full,
     ]
+    if plan.get("comm_s"):
+        lines.append(
+            f"gradient sync    {plan['comm_s'] * 1e3:.1f} ms per step: ZeRO "
+            f"{plan['recommended_stage']} moves {plan['comm_bytes'] / 1e9:.2f} GB per rank "
+            f"({plan['precision']}) over {plan['comm_link']} (assumed ~80 % of it; "
+            "launch/cost_model/comm.py), after the backward (overlap_comm off)"
+        )
     c = plan.get("configured")
     if c:
         fits = "fits" if c["fits"] else "does NOT fit"

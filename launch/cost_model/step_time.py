@@ -1,0 +1,55 @@
+"""Seconds of one optimizer step, for `paperscale plan`: the matmuls at the planned speed, the
+overheads (launch/cost_model/speed.py) and the gradients' synchronisation
+(launch/cost_model/comm.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from launch.cost_model.comm import sync_seconds
+from model.config import ModelConfig
+from model.params import count_parameters
+from trainer.flops import step_flops
+
+if TYPE_CHECKING:
+    from launch.cost_model.plan import Machine
+
+
+def step_time(
+    cfg: ModelConfig,
+    machine: Machine,
+    tokens: int,
+    seq_len: int,
+    checkpointing: bool = False,
+    fill: float = 1.0,
+    accum: int = 1,
+    stage: int = 1,
+) -> dict[str, Any]:
+    """FLOPs and seconds of one optimizer step of `tokens` padded tokens per side (all ranks)
+    in `accum` micro-batches per rank at ZeRO `stage`.
+
+    step_s = FLOPs of the tokens the micro-batches hold (`fill` of their budget) / (ranks x
+    peak x MFU) + the overhead per step + accum x the overhead per micro-batch
+    (launch/cost_model/speed.py) + the gradients' synchronisation (launch/cost_model/comm.py).
+    """
+    flops = step_flops(cfg, tokens, tokens, seq_len, seq_len)
+    if checkpointing:
+        flops *= 4 / 3  # the forward pass runs twice
+    compute_s = fill * flops / (machine.world * machine.peak_flops * machine.mfu)
+    overhead_s = machine.overhead_s + accum * machine.overhead_micro_s
+    comm_s, comm_bytes, comm_link = 0.0, 0.0, ""
+    if machine.links is not None and not machine.on_cpu:
+        n_params = count_parameters(cfg)["total"]
+        sync = sync_seconds(n_params, machine.comm_bytes, stage, accum, machine.nodes,
+                            machine.gpus_per_node, machine.links)  # fmt: skip
+        comm_s, comm_bytes = float(sync["seconds"]), float(sync["bytes"])
+        comm_link = str(sync["link"]) if comm_s else ""
+    return {
+        "flops": flops,
+        "compute_s": compute_s,
+        "overhead_s": overhead_s,
+        "comm_s": comm_s,
+        "comm_bytes": comm_bytes,
+        "comm_link": comm_link,
+        "step_s": compute_s + overhead_s + comm_s,
+    }
