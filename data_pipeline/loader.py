@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 # The fault seam of a slow reader (tests, bench feed): seconds of sleep per window built.
 SLOW_WINDOW_ENV = "PAPERSCALE_FAULT_SLOW_WINDOW_S"
 DEFAULT_WINDOW = 1000  # window (samples) for bucketing when cfg.shuffle_buffer == 0
+RECEIVER_JOIN_S = 10.0  # how long close() waits for a receiver thread (it takes milliseconds)
 # Loader workers are not forked from their rank: a rank is multi-threaded (gloo, DeepSpeed, the
 # metric sinks), and a fork while another thread holds CPython's thread-state lock leaves the
 # child waiting on it forever on CPython <= 3.11.7 (gh-112275): seen as a worker stuck in
@@ -130,6 +131,7 @@ class TokenBatchStream:
         self._base_counters = Counters()
         self._last_epoch = start_epoch
         self._closing: Any = None  # multiprocessing Event shared with the workers (see close)
+        self._receivers: list[ReadAhead] = []  # the threads receiving batches ahead (prefetch)
 
     def _context(self, shards: list[dict[str, Any]], epochs: int | None) -> ProducerContext:
         """What every producer of this stream needs (see data_pipeline/producer.py)."""
@@ -166,16 +168,23 @@ class TokenBatchStream:
         )
 
     def close(self) -> None:
-        """Let this stream's loader workers end on the TERM that shuts them down (they ignore
-        TERM until then: see data_pipeline/producer.py). Called when the rank is done with the
-        stream, and at its exit; the position stays readable."""
+        """Stop the threads receiving batches ahead and wait for them, and let this stream's
+        loader workers end on the TERM that shuts them down (they ignore TERM until then: see
+        data_pipeline/producer.py). Called when the rank is done with the stream, and at its
+        exit; the position stays readable.
+
+        A receiver thread still running when the interpreter finalises can be ended inside
+        torch's C++ code (unpickling a batch), which aborts the process: it is joined first."""
+        for receiver in self._receivers:
+            receiver.close(join_s=RECEIVER_JOIN_S)
+        self._receivers.clear()
         if self._closing is not None:
             self._closing.set()
 
     def _closing_event(self) -> Any:
         if self._closing is None:
             self._closing = worker_context().Event()
-            atexit.register(self._closing.set)  # before multiprocessing ends workers with TERM
+            atexit.register(self.close)  # before multiprocessing ends workers with TERM
         return self._closing
 
     # -- iteration ---------------------------------------------------------------------------
@@ -210,12 +219,15 @@ class TokenBatchStream:
             if self.cfg.prefetch > 0:
                 # received ahead in a thread; a position counts only once handed out below
                 receiver = ReadAhead(items, self.cfg.prefetch, lambda _: True)
+                self._receivers.append(receiver)
                 items = iter(receiver)
         try:
             yield from self._hand_out(items)
         finally:
             if receiver is not None:
                 receiver.close()
+                if receiver in self._receivers:  # not already closed by close()
+                    self._receivers.remove(receiver)
 
     def _hand_out(self, items: Iterator[Any]) -> Iterator[Batch]:
         for item in items:

@@ -57,5 +57,9 @@ class ReadAhead(Generic[T]):
             if self._is_window(event):
                 self._room.release()  # its batches are out: the thread may build one more
 
-    def close(self) -> None:
+    def close(self, join_s: float = 0.0) -> None:
+        """Stop the thread; with `join_s`, wait that long for it to end (it ends at its next
+        check, or once the item it is taking arrives)."""
         self._stop.set()
+        if join_s > 0 and self._thread is not threading.current_thread():
+            self._thread.join(join_s)

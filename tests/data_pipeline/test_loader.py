@@ -258,7 +258,10 @@ def test_batches_received_ahead_count_only_once_handed_out(prepared: Path) -> No
         batches = [next(it) for _ in range(5)]
         time.sleep(0.5)  # the thread fills its queue meanwhile
         got[prefetch] = (batches, s.state_dict())
-        s.close()
+        threads = [r._thread for r in s._receivers]
+        assert len(threads) == (prefetch > 0) and all(t.is_alive() for t in threads)
+        s.close()  # joins the receiver: none may run on into the interpreter's exit
+        assert not any(t.is_alive() for t in threads) and not s._receivers
         del it
     assert same(got[0][0], got[8][0])
     assert got[0][1] == got[8][1]
