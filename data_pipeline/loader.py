@@ -23,6 +23,7 @@ import atexit
 import logging
 import multiprocessing as mp
 import os
+import weakref
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -47,14 +48,10 @@ log = logging.getLogger(__name__)
 SLOW_WINDOW_ENV = "PAPERSCALE_FAULT_SLOW_WINDOW_S"
 DEFAULT_WINDOW = 1000  # window (samples) for bucketing when cfg.shuffle_buffer == 0
 RECEIVER_JOIN_S = 10.0  # how long close() waits for a receiver thread (it takes milliseconds)
-# Loader workers are not forked from their rank: a rank is multi-threaded (gloo, DeepSpeed, the
-# metric sinks), and a fork while another thread holds CPython's thread-state lock leaves the
-# child waiting on it forever on CPython <= 3.11.7 (gh-112275): seen as a worker stuck in
-# PyOS_AfterFork_Child and its rank waiting for the worker's first batch. They are forked from
-# a fork server instead: a single-threaded interpreter that each rank starts once, which has
-# imported torch and the producer (data_pipeline/worker_start.py), so that a worker - of the
-# training stream, or of each validation pass - starts in milliseconds, not in the seconds a
-# spawned interpreter takes to import torch again.
+# Loader workers are not forked from their rank: a fork while another of its threads (gloo,
+# DeepSpeed, metric sinks) holds CPython's thread-state lock hangs the child on CPython <= 3.11.7
+# (gh-112275). They fork from a fork server each rank starts once, which has imported torch and the
+# producer (data_pipeline/worker_start.py): a worker starts in milliseconds, not seconds.
 WORKER_START = "forkserver"
 WORKER_PRELOAD = ["data_pipeline.worker_start"]
 
@@ -71,6 +68,11 @@ __all__ = ["Batch", "TokenBatchStream", "read_manifest"]
 
 def _identity(x: Any) -> Any:
     return x
+
+
+def _close_at_exit(stream: weakref.ref[TokenBatchStream]) -> None:
+    if (alive := stream()) is not None:
+        alive.close()
 
 
 class TokenBatchStream:
@@ -102,8 +104,7 @@ class TokenBatchStream:
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
-        problems = cfg.problems()
-        if problems:
+        if problems := cfg.problems():
             raise ValueError("data config: " + "; ".join(f"{k} {v}" for k, v in problems))
         self.data_dir = Path(data_dir)
         self.manifest = read_manifest(self.data_dir)
@@ -117,8 +118,7 @@ class TokenBatchStream:
         self.cfg = replace(cfg, num_workers=resolved_workers(cfg.num_workers))
         self.rank = rank
         self.world_size = world_size
-        self.shuffle = shuffle
-        self.epochs = epochs
+        self.shuffle, self.epochs = shuffle, epochs
         self.start_epoch = start_epoch
         self.pin_memory = pin_memory
         self.text = split != "train" if text is None else text
@@ -171,10 +171,8 @@ class TokenBatchStream:
         """Stop the threads receiving batches ahead and wait for them, and let this stream's
         loader workers end on the TERM that shuts them down (they ignore TERM until then: see
         data_pipeline/producer.py). Called when the rank is done with the stream, and at its
-        exit; the position stays readable.
-
-        A receiver thread still running when the interpreter finalises can be ended inside
-        torch's C++ code (unpickling a batch), which aborts the process: it is joined first."""
+        exit; the position stays readable. A receiver thread still running when the interpreter
+        finalises can be ended inside torch's C++ code, which aborts the process: it is joined."""
         for receiver in self._receivers:
             receiver.close(join_s=RECEIVER_JOIN_S)
         self._receivers.clear()
@@ -184,7 +182,9 @@ class TokenBatchStream:
     def _closing_event(self) -> Any:
         if self._closing is None:
             self._closing = worker_context().Event()
-            atexit.register(self.close)  # before multiprocessing ends workers with TERM
+            # at exit, before multiprocessing ends workers with TERM; by a weak reference, so
+            # that a stream done with (each validation pass's) is not kept until the exit
+            atexit.register(_close_at_exit, weakref.ref(self))
         return self._closing
 
     # -- iteration ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@ world size), damaged shards, manifest errors."""
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import logging
@@ -10,6 +11,7 @@ import os
 import pickle
 import tarfile
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -263,6 +265,11 @@ def test_batches_received_ahead_count_only_once_handed_out(prepared: Path) -> No
         s.close()  # joins the receiver: none may run on into the interpreter's exit
         assert not any(t.is_alive() for t in threads) and not s._receivers
         del it
+        # the exit hook that closes it holds it weakly: a stream done with is freed
+        ref = weakref.ref(s)
+        del s
+        gc.collect()
+        assert ref() is None
     assert same(got[0][0], got[8][0])
     assert got[0][1] == got[8][1]
 
