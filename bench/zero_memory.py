@@ -122,13 +122,16 @@ def measure_stage(job: Any, model_cfg: ModelConfig, env: Any, stage: int) -> tup
     return float(peak), optimizer
 
 
-def predicted_bytes(model_cfg: ModelConfig, stage: int, world: int, precision: str) -> float:
-    """launch.cost_model.plan's resident model states plus module buffers for this rank."""
+def predicted_bytes(
+    model_cfg: ModelConfig, stage: int, world: int, precision: str, fp32_sums: bool = False
+) -> float:
+    """launch.cost_model.plan's resident model states plus module buffers for this rank
+    (`fp32_sums`: bf16 gradients summed in fp32, train.grad_accum_dtype)."""
     elems = ds_config.BUCKET_ELEMENTS
     buckets = Buckets(elems, elems, elems, 100_000)
     persistent = persistent_numel(model_cfg, buckets.persistence_threshold) if stage == 3 else 0
     n_params = count_parameters(model_cfg)["total"]
-    states = model_state_bytes(n_params, stage, world, precision, buckets, persistent)
+    states = model_state_bytes(n_params, stage, world, precision, buckets, persistent, fp32_sums)
     return states["resident"] + module_buffer_bytes(model_cfg)
 
 
@@ -141,7 +144,8 @@ def worker(config: str, bucket_elements: int, overrides: list[str]) -> list[Row]
     rows = []
     for stage in STAGES:
         measured, optimizer = measure_stage(job, model_cfg, env, stage)
-        predicted = predicted_bytes(model_cfg, stage, world, precision)
+        fp32_sums = ds_config.accumulation_dtype(job.train) == "fp32"  # at this stage
+        predicted = predicted_bytes(model_cfg, stage, world, precision, fp32_sums)
         case = {"world": world, "stage": stage, "measured": measured, "predicted": predicted,
                 "optimizer": optimizer, "precision": precision, "config": config}  # fmt: skip
         label = f"measured / predicted, {world} rank(s), ZeRO {stage}"

@@ -200,6 +200,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         compiled=whole_model_compiled(job),
         tolerance=args.batch_tolerance,
         fill=args.fill,
+        sums=job.train.grad_accum_dtype,
     )
     plan = {"vocab_size": vocab, "gpu": args.gpu, "precision_from": how, **plan}
     plan.update(target_from=target_from, speed_line=speed.line, speed_measured=speed.measured)
@@ -222,12 +223,23 @@ def configured_batch(
     """The config's own batch (data.max_tokens x train.grad_accum on the planned ranks, at its
     train.zero_stage): whether it fits and its step time, beside the recommendation."""
     from launch.cost_model.activations import activation_bytes
-    from launch.cost_model.plan import step_time
+    from launch.cost_model.plan import model_state_bytes, step_time
+    from trainer.autos import accumulation_choice
 
     stage = plan["stages"][job.train.zero_stage]
     micro, accum = job.data.max_tokens, job.train.grad_accum
     checkpointing = job.train.activation_checkpointing
-    peak = float(stage["total"]) + activation_bytes(
+    sums = job.train.grad_accum_dtype
+    if sums == "auto":
+        sums = accumulation_choice(plan["precision"], accum, job.train.zero_stage)[0]
+    fp32_sums = sums == "fp32" and plan["precision"] == "bf16" and job.train.zero_stage > 0
+    n, world = int(plan["params"]["total"]), machine.world
+    grads = {
+        fp32: model_state_bytes(n, job.train.zero_stage, world, plan["precision"], None, 0, fp32)
+        for fp32 in (False, True)
+    }  # the stage's row was planned at the recommended accumulation: the config's may differ
+    more = grads[fp32_sums]["grads"] - grads[bool(stage["fp32_sums"])]["grads"]
+    peak = float(stage["total"]) + more + activation_bytes(
         cfg, micro, plan["precision"], checkpointing, whole_model_compiled(job),
         machine.loss_chunking(),
     )  # fmt: skip
@@ -240,6 +252,7 @@ def configured_batch(
         "stage": job.train.zero_stage,
         "tokens": tokens,
         "peak": peak,
+        "fp32_sums": fp32_sums,
         "fits": peak <= machine.usable_bytes(),
         "step_s": step["step_s"],
     }

@@ -5,6 +5,8 @@
   flags and a matmul measured once per machine and kept in the machine cache.
 - `train.attention`: trainer/kernels.py's rule, from the device and the precision.
 - `train.compile`: `layers` on a GPU, `false` on a CPU (compile_choice), from the device.
+- `train.grad_accum_dtype`: fp32 under bf16 where a step sums several micro-batches at ZeRO 1-3,
+  else the precision's (accumulation_choice), from the config and the precision.
 - `data.num_workers`: 1 on a CPU; on a GPU one per spare core of each rank, at most 2
   (data_pipeline/config.py's workers_for), from the device, the cores and the ranks per node.
   It deals the data (a worker is a slot of the order), so it is kept even where the run moves.
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from data_pipeline.config import host_workers
-from trainer.config import compile_scope
+from trainer.config import accumulation_problem, compile_scope
 from trainer.kernels import resolve_attention
 from trainer.precision import PrecisionChoice, machine_choice, resolve_precision, runs_on
 
@@ -189,6 +191,38 @@ def decide_workers(
     return keep_or_decide(requested, recorded, fresh)
 
 
+def accumulation_choice(precision: str, grad_accum: int, zero_stage: int) -> tuple[str, str]:
+    """`train.grad_accum_dtype: auto`: fp32 under bf16 where a step sums several micro-batches'
+    gradients and DeepSpeed can (ZeRO 1-3); otherwise the precision's own dtype."""
+    if precision != "bf16":
+        return precision, f"{precision} training sums its gradients in {precision}"
+    if grad_accum < 2:
+        return "bf16", "one micro-batch per step (train.grad_accum=1): nothing is summed"
+    if zero_stage == 0:
+        return "bf16", "ZeRO 0, where DeepSpeed sums gradients in the model's dtype"
+    return "fp32", f"{grad_accum} micro-batches per step summed in fp32, not in bf16's 8 bits"
+
+
+def decide_accumulation(
+    train: Mapping[str, Any], recorded: Decision | None, began: bool, precision: str
+) -> Decision:
+    """`train.grad_accum_dtype`; a run whose record predates the key keeps what it began with
+    (its precision's dtype: its optimizer's checkpoint is in that form)."""
+    requested = str(train.get("grad_accum_dtype", "auto"))
+    accum, stage = int(train.get("grad_accum", 1)), int(train.get("zero_stage", 0))
+    if requested == "auto" and began and recorded is None:
+        return Decision("auto", precision, "as the run began (before this was decided)")
+    if recorded is not None and accumulation_problem(recorded.value, precision, stage):
+        recorded = None  # decided for a precision the run no longer has: decided afresh
+    decision = keep_or_decide(
+        requested, recorded, lambda: accumulation_choice(precision, accum, stage)
+    )
+    problem = accumulation_problem(decision.value, precision, stage)
+    if problem:
+        raise DecisionError(f"train.grad_accum_dtype={decision.value}: {problem}")
+    return decision
+
+
 def resolve_all(
     train: Mapping[str, Any],
     device_type: str,
@@ -232,6 +266,10 @@ def resolve_all(
         if compiled.requested == "auto":
             compiled = Decision("auto", compiled.value, f"{compiled.reason} {moved}")
     decisions = {"device": device, "precision": precision, "attention": attention}
+    decisions["grad_accum_dtype"] = decide_accumulation(
+        train, recorded.get("grad_accum_dtype"),
+        record is not None or saved_precision is not None, precision.value,
+    )  # fmt: skip
     pick = pick_workers or (lambda: host_workers(device_type))
     num_workers = decide_workers(str(workers), recorded.get("num_workers"), pick)
     return Record(device_type, {**decisions, "compile": compiled, "num_workers": num_workers})

@@ -93,6 +93,17 @@ ATTENTION_NAMES = ("auto", "default", "math", "flash", "efficient", "cudnn")  # 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def accumulation_problem(dtype: str, precision: str, zero_stage: int) -> str:
+    """Why gradients cannot be accumulated in `dtype` under `precision` ('' when they can)."""
+    if dtype == "fp32" and precision == "bf16" and zero_stage == 0:
+        return "fp32 under bf16 needs train.zero_stage >= 1 (DeepSpeed sums in bf16 without ZeRO)"
+    if dtype in ("bf16", "fp16") and dtype != precision:
+        return f"{dtype} needs train.precision={dtype}, not {precision}"
+    if dtype == "fp32" and precision == "fp16":
+        return "fp16 training sums gradients under its loss scaler in fp16: set fp16 or auto"
+    return ""
+
+
 @dataclass
 class TrainConfig:
     """The loop: how long, how often to evaluate, log and save, and the DeepSpeed engine's mode."""
@@ -156,6 +167,10 @@ class TrainConfig:
     # (trainer/autos.py: layers on a GPU, false on a CPU)
     compile: str = "auto"
     compile_mode: str = "default"  # one of COMPILE_MODES (torch.compile's `mode`)
+    # the dtype gradients are summed in over a step's micro-batches: auto (trainer/autos.py:
+    # fp32 under bf16 where grad_accum > 1 at ZeRO 1-3, else the precision's) | fp32 | bf16 |
+    # fp16; fp32 under bf16 is DeepSpeed's data_types.grad_accum_dtype (ZeRO 1-3 only)
+    grad_accum_dtype: str = "auto"
 
     def problems(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -199,6 +214,12 @@ class TrainConfig:
             out.append(("compile_mode", f"must be one of {modes}, got {self.compile_mode!r}"))
         if self.device not in ("auto", "cpu", "cuda"):
             out.append(("device", f"must be auto, cpu or cuda, got {self.device!r}"))
+        if self.grad_accum_dtype not in ("auto", "fp32", "bf16", "fp16"):
+            got = self.grad_accum_dtype
+            out.append(("grad_accum_dtype", f"must be auto, fp32, bf16 or fp16, got {got!r}"))
+        elif self.grad_accum_dtype != "auto" and self.precision != "auto":
+            why = accumulation_problem(self.grad_accum_dtype, self.precision, self.zero_stage)
+            out += [("grad_accum_dtype", why)] if why else []
         return out
 
     def _target_problems(self) -> list[tuple[str, str]]:

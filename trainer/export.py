@@ -41,10 +41,47 @@ def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
             tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True
         )
         return stage0_state_dict(model_states)
+    if any(tag_dir.glob(f"{BF16_PREFIX}*optim_states.pt")):
+        return bf16_optimizer_state_dict(tag_dir)
     # DeepSpeed reports its progress on stdout; keep stdout for the caller's own output.
     with contextlib.redirect_stdout(sys.stderr):
         state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
     return {k: v.detach().float().contiguous() for k, v in state.items()}
+
+
+BF16_PREFIX = "bf16_zero_pp_rank_"  # the partitions DeepSpeed's BF16_Optimizer writes
+
+
+def bf16_optimizer_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
+    """fp32 weights of a checkpoint of DeepSpeed's BF16_Optimizer (ZeRO 1 summing gradients in
+    fp32: train.grad_accum_dtype), which zero_to_fp32 does not read. Each rank's file holds its
+    contiguous slice of the flat fp32 parameters and where each parameter's piece sits in it;
+    a parameter is its pieces in rank order."""
+    files = sorted(
+        tag_dir.glob(f"{BF16_PREFIX}*_mp_rank_00_optim_states.pt"),
+        key=lambda f: int(f.name[len(BF16_PREFIX) :].split("_")[0]),
+    )
+    model_states = torch.load(
+        tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True
+    )
+    shapes = {k: v for group in model_states["param_shapes"] for k, v in group.items()}
+    pieces: dict[str, list[torch.Tensor]] = {name: [] for name in shapes}
+    for f in files:
+        saved = torch.load(f, map_location="cpu", weights_only=True)["optimizer_state_dict"]
+        for flat, where in zip(
+            saved["single_partition_of_fp32_groups"], saved["param_slice_mappings"], strict=True
+        ):
+            for name, piece in where.items():
+                pieces[name].append(flat.narrow(0, piece.start, piece.numel))
+    state = {k: v.detach().float().contiguous() for k, v in model_states["module"].items()}
+    for name, shape in shapes.items():
+        whole = torch.cat(pieces[name]) if pieces[name] else torch.empty(0)
+        if whole.numel() != shape.numel():
+            raise ValueError(f"{name}: {whole.numel()} fp32 elements saved for shape {shape}")
+        state[name] = whole.reshape(shape).contiguous()
+    for alias, name in model_states.get("shared_params", {}).items():
+        state[alias] = state[name]
+    return state
 
 
 def stage0_state_dict(model_states: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -16,7 +16,10 @@ parameters (2 Psi) and gradients (2 Psi), plus K = 12 bytes per parameter of opt
     stage 3   (2 + 2 + 12) Psi / N            parameters too (+ small parameters kept whole)
 
 fp32 training has no master copy at stage 0 (4 + 4 + 8 bytes), while ZeRO 1-3 still keep an fp32
-partition beside the fp32 parameters (4 + 4 + 12). Buffers from trainer/ds/config.py's bucket
+partition beside the fp32 parameters (4 + 4 + 12). bf16 summing its micro-batches' gradients in
+fp32 (train.grad_accum_dtype, where grad_accum > 1): at stage 1 DeepSpeed's BF16_Optimizer adds a
+whole fp32 gradient buffer (2 + 4 Psi of gradients), at stages 2 and 3 the gradient partitions
+are fp32 (4 Psi / N). Buffers from trainer/ds/config.py's bucket
 sizes: ZeRO 1/2 fill one contiguous reduce bucket of `reduce_bucket_size` 16-bit elements
 during backward (allocated per backward pass, released after it); ZeRO 3 keeps its reduce
 bucket for the engine's lifetime and gathers up to `stage3_prefetch_bucket_size` parameters
@@ -135,8 +138,10 @@ def model_state_bytes(
     precision: str = "bf16",
     buckets: Buckets | None = None,
     persistent: int = 0,
+    fp32_sums: bool = False,
 ) -> dict[str, float]:
-    """Per-rank bytes: params, grads, optimizer, buffers (bucket peak), total.
+    """Per-rank bytes: params, grads, optimizer, buffers (bucket peak), total. `fp32_sums`:
+    gradients summed in fp32 under bf16 (see the module).
 
     `persistent` is the number of parameters ZeRO 3 keeps whole (see `persistent_numel`).
     `buffers` holds the bucket memory at its peak during a step; `resident` is what stays
@@ -154,6 +159,8 @@ def model_state_bytes(
     psi = float(n_params)
     params = p_b * psi if stage < 3 else p_b * (psi / world + persistent)
     grads = g_b * psi if stage < 2 else g_b * psi / world
+    if fp32_sums and precision == "bf16" and stage > 0:
+        grads = (g_b + 4) * psi if stage == 1 else 4 * psi / world
     optimizer = o_b * psi if stage == 0 else o_b * psi / world
     resident_buffers = 0.0
     if stage in (1, 2):
@@ -247,30 +254,44 @@ def stage_plan(
     buckets: Buckets | None = None,
     compiled: bool = False,
     tolerance: float = BATCH_TOLERANCE,
+    sums: str = "auto",
 ) -> dict[str, float | int | bool]:
     """One stage's memory, micro-batch and accumulation on `machine`.
 
     `max_micro_tokens` is the largest micro-batch that fits; `micro_tokens` and `grad_accum`
-    are `choose_batch`'s for the target.
+    are `choose_batch`'s for the target. `sums` is train.grad_accum_dtype: `auto` sums in fp32
+    under bf16 where the batch chosen accumulates (trainer/autos.py), and is planned so.
     """
     buckets = buckets or ds_buckets()
     n_params = count_parameters(cfg)["total"]
     persistent = persistent_numel(cfg, buckets.persistence_threshold) if stage == 3 else 0
-    states = model_state_bytes(n_params, stage, machine.world, precision, buckets, persistent)
-    states["buffers"] += module_buffer_bytes(cfg)
-    states["total"] += module_buffer_bytes(cfg)
     chunking = machine.loss_chunking()
-    fit = largest_micro_batch(
-        cfg, states["total"], machine.usable_bytes(), precision, checkpointing,
-        compiled=compiled, chunking=chunking,
-    )  # fmt: skip
+
+    def fitted(fp32_sums: bool) -> tuple[dict[str, float], int, int, int]:
+        states = model_state_bytes(
+            n_params, stage, machine.world, precision, buckets, persistent, fp32_sums
+        )
+        states["buffers"] += module_buffer_bytes(cfg)
+        states["total"] += module_buffer_bytes(cfg)
+        fit = largest_micro_batch(
+            cfg, states["total"], machine.usable_bytes(), precision, checkpointing,
+            compiled=compiled, chunking=chunking,
+        )  # fmt: skip
+        micro, accum = choose_batch(fit, target_tokens, machine.world, tolerance) if fit else (0, 0)
+        return states, fit, micro, accum
+
+    fp32_sums = sums == "fp32"
+    states, fit, micro, accum = fitted(fp32_sums)
+    if sums == "auto" and accum > 1 and precision == "bf16" and stage > 0:
+        fp32_sums = True
+        states, fit, micro, accum = fitted(fp32_sums)
     out: dict[str, float | int | bool] = {"stage": stage, **states}
     out["fits"] = fit > 0
     out["max_micro_tokens"] = fit
-    micro, accum = choose_batch(fit, target_tokens, machine.world, tolerance) if fit else (0, 0)
     out["micro_tokens"] = micro
     out["activations"] = activation_bytes(cfg, micro, precision, checkpointing, compiled, chunking)
     out["grad_accum"] = accum
+    out["fp32_sums"] = fp32_sums and precision == "bf16" and stage > 0
     out["peak"] = states["total"] + out["activations"]
     return out
 
@@ -339,6 +360,7 @@ def make_plan(
     compiled: bool = False,
     tolerance: float = BATCH_TOLERANCE,
     fill: float = 1.0,
+    sums: str = "auto",
 ) -> dict:
     """Everything `paperscale plan` prints.
 
@@ -352,12 +374,8 @@ def make_plan(
     """
     if target_tokens < 1:
         raise ValueError("target tokens must be >= 1")
-    stages = [
-        stage_plan(
-            cfg, s, machine, target_tokens, precision, checkpointing, buckets, compiled, tolerance
-        )
-        for s in STAGES
-    ]
+    args = (target_tokens, precision, checkpointing, buckets, compiled, tolerance, sums)
+    stages = [stage_plan(cfg, s, machine, *args) for s in STAGES]
     best = recommend_stage(stages)
     out: dict = {
         "params": count_parameters(cfg),

@@ -99,7 +99,8 @@ def _time_lines(plan: dict) -> list[str]:
         lines.append(
             f"as configured    {c['micro_tokens']:,} x {c['grad_accum']} x {plan['world']} ranks "
             f"= {c['tokens']:,} tokens per side at ZeRO {c['stage']} ({fits}, peak "
-            f"{c['peak'] / GIB:.1f} GiB): step {c['step_s']:.3f} s"
+            f"{c['peak'] / GIB:.1f} GiB{', gradients summed in fp32' if c['fp32_sums'] else ''})"
+            f": step {c['step_s']:.3f} s"
             + (
                 ""
                 if c["tokens"] == plan["tokens_per_step_per_side"]

@@ -99,11 +99,19 @@ def test_exports_from_stages_0_2_and_3_are_the_same_tensors(
         assert torch.equal(value, w3[key])
 
 
-def test_stage0_bf16_exports_the_fp32_masters(synthetic_data: Path, tmp_path: Path) -> None:
-    """ZeRO 0 with bf16 keeps 16-bit weights in the module and fp32 masters in the optimizer:
-    the export holds the masters, which round to exactly the module's bf16 weights."""
-    run = tmp_path / "z0"
-    train(run, synthetic_data, 0, 2, tmp_path, "train.precision=bf16")
+@pytest.mark.parametrize("stage,sums", [(0, "bf16"), (1, "fp32")])
+def test_bf16_exports_the_fp32_masters(
+    synthetic_data: Path, tmp_path: Path, stage: int, sums: str
+) -> None:
+    """bf16 keeps 16-bit weights in the module and fp32 masters in the optimizer: the export
+    holds the masters, which round to exactly the module's bf16 weights. ZeRO 0 sums the two
+    micro-batches' gradients in bf16 (DeepSpeed cannot otherwise); ZeRO 1 in fp32 (auto), through
+    DeepSpeed's BF16_Optimizer, whose partitions the export merges itself, and which resumes
+    exactly."""
+    run = tmp_path / f"z{stage}"
+    train(run, synthetic_data, stage, 2, tmp_path, "train.precision=bf16")
+    decided = json.loads((run / "decisions.json").read_text())["decisions"]
+    assert decided["grad_accum_dtype"]["value"] == sums, decided["grad_accum_dtype"]
     exported = weights(run / "model")
     (tag,) = [p for p in (run / "checkpoints").glob("step_*")]
     module = torch.load(tag / "mp_rank_00_model_states.pt", weights_only=True)["module"]
@@ -113,6 +121,12 @@ def test_stage0_bf16_exports_the_fp32_masters(synthetic_data: Path, tmp_path: Pa
         assert value.dtype == torch.bfloat16
         assert torch.equal(exported[key].bfloat16(), value), key
     assert any(not torch.equal(exported[k], module[k].float()) for k in module)  # not a cast
+    if stage == 1:
+        assert any(tag.glob("bf16_zero_pp_rank_1_*optim_states.pt"))  # BF16_Optimizer's
+        straight = tmp_path / "straight"
+        train(straight, synthetic_data, stage, 4, tmp_path, "train.precision=bf16")
+        train(run, synthetic_data, stage, 4, tmp_path, "train.precision=bf16")  # resumed at 2
+        assert len(losses(run)) == 4 and losses(run) == losses(straight)
 
 
 def test_average_of_identical_checkpoints_and_incomplete_saves(

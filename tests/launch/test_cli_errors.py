@@ -42,6 +42,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         ("train.save_every_minutes=-1", "train.save_every_minutes"),
         ("train.bleu_beam=0", "train.bleu_beam"),
         ("train.compile=sometimes", "train.compile"),
+        ("train.grad_accum_dtype=half", "train.grad_accum_dtype"),
     ],
 )
 def test_bad_override_exits_2_naming_the_key(

@@ -80,6 +80,37 @@ def test_fp32_has_no_master_copy_at_stage_0() -> None:
     assert model_state_bytes(100, 1, 1, "fp32", NO_BUCKETS)["total"] == 20 * 100
 
 
+@pytest.mark.parametrize("world", [1, 4])
+def test_bf16_summing_in_fp32_adds_its_gradient_buffers(world: int) -> None:
+    """ZeRO 1: BF16_Optimizer's whole fp32 gradient buffer beside the bf16 gradients; ZeRO 2/3:
+    fp32 gradient partitions; nothing at ZeRO 0 (DeepSpeed cannot) nor in fp32."""
+    psi = 1_000_000
+    plain = {s: model_state_bytes(psi, s, world, "bf16", NO_BUCKETS) for s in range(4)}
+    fp32 = {s: model_state_bytes(psi, s, world, "bf16", NO_BUCKETS, 0, True) for s in range(4)}
+    assert fp32[0] == plain[0]
+    assert fp32[1]["grads"] == 6 * psi
+    assert fp32[2]["grads"] == fp32[3]["grads"] == pytest.approx(4 * psi / world)
+    for s in (1, 2, 3):
+        more = fp32[s]["grads"] - plain[s]["grads"]
+        assert fp32[s]["total"] - plain[s]["total"] == pytest.approx(more) and more > 0
+    assert model_state_bytes(psi, 2, world, "fp32", NO_BUCKETS, 0, True)["grads"] == pytest.approx(
+        4 * psi / world
+    )
+
+
+def test_the_plan_sums_in_fp32_where_its_batch_accumulates() -> None:
+    """`auto` under bf16: fp32 sums (and their memory) at the stages whose chosen batch
+    accumulates, not where one micro-batch makes the step; `bf16` never."""
+    tight = Machine(nodes=1, gpus_per_node=1, gpu_mem_gib=12.0)
+    for sums in ("auto", "bf16"):
+        rows = [stage_plan(BIG, s, tight, 400_000, sums=sums) for s in range(4)]
+        for r in rows:
+            assert r["fits"] and int(r["grad_accum"]) > 1, r
+            assert r["fp32_sums"] == (sums == "auto" and r["stage"] > 0)
+    roomy = Machine(nodes=1, gpus_per_node=8, gpu_mem_gib=80.0)
+    assert not any(stage_plan(BIG, s, roomy, 25_000)["fp32_sums"] for s in range(4))
+
+
 def test_activations_grow_by_the_per_token_bytes_and_shrink_with_checkpointing() -> None:
     one, work = per_token_bytes(BIG), loss_workspace_bytes(BIG) + projection_copy_bytes(BIG)
     assert activation_bytes(BIG, 4096) == pytest.approx(4096 * one + work)

@@ -24,6 +24,13 @@ TRAIN = {"device": "auto", "precision": "auto", "attention": "auto", "compile": 
 CPU_COMPILE = "a CPU: compiling costs each rank minutes at its first step, not measured to pay"
 FP32_HERE = PrecisionChoice("fp32", "this CPU has no native bf16")
 BF16_HERE = PrecisionChoice("bf16", "this CPU has native bf16")
+# bf16 with one micro-batch a step (TRAIN's default accumulation): nothing summed, bf16
+BF16_VALUES = {
+    "precision": "bf16",
+    "attention": "math",
+    "grad_accum_dtype": "bf16",
+    "compile": "false",
+}
 
 
 def resolve(
@@ -36,11 +43,14 @@ def resolve(
 
 def test_a_first_start_decides_and_states_each_auto() -> None:
     record = resolve(None, FP32_HERE)
-    assert autos.values(record) == {"precision": "fp32", "attention": "flash", "compile": "false"}
+    assert autos.values(record) == {
+        "precision": "fp32", "attention": "flash", "grad_accum_dtype": "fp32", "compile": "false"
+    }  # fmt: skip
     assert autos.lines(record) == [
         "device auto -> cpu: no CUDA device",
         "precision auto -> fp32: this CPU has no native bf16",
         "attention auto -> flash: fp32 on a CPU, where flash is the faster kernel",
+        "grad_accum_dtype auto -> fp32: fp32 training sums its gradients in fp32",
         f"compile auto -> false: {CPU_COMPILE}",
     ]
 
@@ -52,7 +62,7 @@ def test_later_starts_keep_the_record_and_name_the_machines_own_pick(tmp_path: P
     assert first is not None and autos.values(first)["precision"] == "bf16"
 
     later = resolve(first, FP32_HERE)  # this machine alone would train in fp32
-    assert autos.values(later) == {"precision": "bf16", "attention": "math", "compile": "false"}
+    assert autos.values(later) == {**BF16_VALUES}
     precision = later.decisions["precision"]
     assert precision.line("precision") == (
         "precision auto -> bf16: as the run's first start decided (this CPU has native bf16); "
@@ -64,17 +74,21 @@ def test_later_starts_keep_the_record_and_name_the_machines_own_pick(tmp_path: P
     requeued = resolve(first, FP32_HERE, precision="bf16", attention="math", compile="False")
     assert requeued.decisions["precision"].requested == "auto"
     assert requeued.decisions["compile"].requested == "auto"
-    assert autos.values(requeued) == {"precision": "bf16", "attention": "math", "compile": "false"}
+    assert autos.values(requeued) == {**BF16_VALUES}
 
 
 def test_a_value_set_in_the_config_is_taken_as_given() -> None:
     first = resolve(None, BF16_HERE)
-    explicit = resolve(first, BF16_HERE, precision="fp32", attention="efficient", compile="True")
+    explicit = resolve(
+        first, BF16_HERE, precision="fp32", attention="efficient", compile="True",
+        grad_accum_dtype="fp32",
+    )  # fmt: skip
     assert explicit.decisions["precision"] == Decision("fp32", "fp32", "set in the config")
     assert explicit.decisions["compile"] == Decision("model", "model", "set in the config")
     assert autos.values(explicit) == {
         "precision": "fp32",
         "attention": "efficient",
+        "grad_accum_dtype": "fp32",
         "compile": "model",
     }
     assert autos.lines(explicit) == ["device auto -> cpu: no CUDA device"]
@@ -101,7 +115,7 @@ def test_the_attention_kernel_is_decided_afresh_on_another_device() -> None:
         },
     )
     here = resolve(on_gpu, FP32_HERE)
-    assert autos.values(here) == {"precision": "bf16", "attention": "math", "compile": "false"}
+    assert autos.values(here) == {**BF16_VALUES}
     assert "decided afresh: the run moved from cuda to cpu" in here.decisions["attention"].reason
 
 
@@ -211,3 +225,54 @@ def test_twenty_resolutions_beside_busy_processes_give_one_answer(
     assert measured == (len(SHAPES) if native else 0), cache.read()
     if not native:
         assert {a.pop() for a in answers.values()} == {"fp32"}
+
+
+@pytest.mark.parametrize(
+    "precision,accum,stage,value",
+    [("bf16", 4, 1, "fp32"), ("bf16", 4, 2, "fp32"), ("bf16", 4, 3, "fp32"),
+     ("bf16", 1, 2, "bf16"), ("bf16", 4, 0, "bf16"), ("fp32", 4, 2, "fp32"),
+     ("fp16", 4, 2, "fp16")],
+)  # fmt: skip
+def test_gradients_are_summed_in_fp32_under_bf16_where_a_step_accumulates(
+    precision: str, accum: int, stage: int, value: str
+) -> None:
+    here = PrecisionChoice(precision, "given")
+    train = {"precision": precision, "grad_accum": accum, "zero_stage": stage}
+    if precision == "fp16":  # fp16 runs on a GPU only
+        record = autos.resolve_all({**TRAIN, **train}, "cuda", 64, 256, None, None, lambda: here)
+    else:
+        record = resolve(None, here, **train)
+    assert autos.values(record)["grad_accum_dtype"] == value
+
+
+def test_the_summing_dtype_is_kept_and_a_run_from_before_it_keeps_its_own() -> None:
+    train = {"grad_accum": 4, "zero_stage": 1}
+    first = resolve(None, BF16_HERE, **train)
+    assert autos.values(first)["grad_accum_dtype"] == "fp32"
+    # a later start with another accumulation (resumed on more ranks) keeps the first's
+    again = resolve(first, BF16_HERE, grad_accum=1, zero_stage=1)
+    assert autos.values(again)["grad_accum_dtype"] == "fp32"
+    assert "as the run's first start decided" in again.decisions["grad_accum_dtype"].reason
+    # a record written before the key existed: the run goes on summing as it began (bf16)
+    old = Record("cpu", {k: d for k, d in first.decisions.items() if k != "grad_accum_dtype"})
+    kept = resolve(old, BF16_HERE, **train)
+    assert autos.values(kept)["grad_accum_dtype"] == "bf16"
+    assert autos.values(resolve(None, BF16_HERE, saved="bf16", **train))["grad_accum_dtype"] == (
+        "bf16"
+    )  # a run dir with a checkpoint and no record at all: as it began too
+    # set in the config: taken, or refused in one line where DeepSpeed cannot
+    given = resolve(None, BF16_HERE, grad_accum_dtype="bf16", **train)
+    assert autos.values(given)["grad_accum_dtype"] == "bf16"
+    with pytest.raises(autos.DecisionError, match=r"needs train\.zero_stage >= 1"):
+        resolve(None, BF16_HERE, grad_accum_dtype="fp32", grad_accum=4, zero_stage=0)
+    with pytest.raises(autos.DecisionError, match=r"needs train\.precision=bf16, not fp32"):
+        resolve(None, FP32_HERE, grad_accum_dtype="bf16")
+
+
+def test_a_config_that_sets_both_is_checked_before_any_process_starts() -> None:
+    from trainer.config import TrainConfig
+
+    bad = TrainConfig(precision="bf16", zero_stage=0, grad_accum=4, grad_accum_dtype="fp32")
+    assert [k for k, _ in bad.problems()] == ["grad_accum_dtype"]
+    assert not TrainConfig(precision="bf16", zero_stage=2, grad_accum_dtype="fp32").problems()
+    assert not TrainConfig(precision="auto", zero_stage=0, grad_accum_dtype="fp32").problems()

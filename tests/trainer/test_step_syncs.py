@@ -77,12 +77,22 @@ def step(engine: Any, env: DistEnv, seed: int, guard: bool = True) -> Any:
     return train_step(engine, batches(seed), env, 0.1, [False, False], flags, None, guard)
 
 
+BF16_SUMS = ("train.precision=bf16", "train.grad_accum_dtype=bf16")
+# bf16 at ZeRO 1 summing in fp32 (DeepSpeed's BF16_Optimizer) checks the gradient norm on the
+# host in every step: one read more, the price of fp32 sums there (trainer/autos.py)
+BF16_OPTIMIZER_READS = {"tolist": 1, "__bool__": 1}
+
+
 @pytest.mark.parametrize(
-    "over",
-    [("train.precision=bf16",), ("train.precision=fp32", "optim.grad_norm=false")],
-    ids=["bf16", "fp32-no-grad-norm"],
-)
-def test_a_step_reads_the_device_once(env: DistEnv, over: tuple[str, ...]) -> None:
+    "over,reads",
+    [(BF16_SUMS, {"tolist": 1}), (("train.precision=bf16",), BF16_OPTIMIZER_READS),
+     (("train.precision=bf16", "train.zero_stage=2"), {"tolist": 1}),
+     (("train.precision=fp32", "optim.grad_norm=false"), {"tolist": 1})],
+    ids=["bf16-bf16-sums", "bf16-zero1-fp32-sums", "bf16-zero2-fp32-sums", "fp32-no-grad-norm"],
+)  # fmt: skip
+def test_a_step_reads_the_device_once(
+    env: DistEnv, over: tuple[str, ...], reads: dict[str, int]
+) -> None:
     from deepspeed.accelerator import get_accelerator
 
     engine = engine_for(env, *over)
@@ -96,7 +106,7 @@ def test_a_step_reads_the_device_once(env: DistEnv, over: tuple[str, ...]) -> No
             with counter:
                 result = step(engine, env, seed)
             assert result.completed
-            assert dict(counter.reads) == {"tolist": 1}, f"step {seed}: {dict(counter.reads)}"
+            assert dict(counter.reads) == reads, f"step {seed}: {dict(counter.reads)}"
     finally:
         accelerator.synchronize = synchronize
     assert syncs == []
@@ -141,11 +151,11 @@ def state(engine: Any) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize(
     "over",
-    [("train.precision=bf16",), ("train.precision=fp32",),
+    [("train.precision=bf16",), BF16_SUMS, ("train.precision=fp32",),
      ("train.precision=fp32", "optim.clip_grad=100.0"),
      ("train.precision=fp32", "optim.grad_norm=false"),
      ("train.precision=fp32", "optim.fused=false")],
-    ids=["bf16", "fp32", "fp32-clipped", "fp32-no-grad-norm", "fp32-unfused"],
+    ids=["bf16", "bf16-bf16-sums", "fp32", "fp32-clipped", "fp32-no-grad-norm", "fp32-unfused"],
 )  # fmt: skip
 def test_a_non_finite_step_changes_nothing(env: DistEnv, over: tuple[str, ...]) -> None:
     """Whoever guards the update (the step, or DeepSpeed's norm check in fp32 where the norm
@@ -154,7 +164,8 @@ def test_a_non_finite_step_changes_nothing(env: DistEnv, over: tuple[str, ...]) 
     guard = step_guards_update(job.train, job.optim)
     engine = engine_for(env, *over)
     if job.optim.grad_norm and not norm_every_step(job.train, job.optim):
-        assert compute_grad_norm_for(engine, False)
+        # BF16_Optimizer (bf16 summing in fp32 at ZeRO 1) computes the norm in every step
+        assert compute_grad_norm_for(engine, False) or "BF16" in type(engine.optimizer).__name__
     step(engine, env, 0, guard)
     before = state(engine)
     poison = engine.module.register_forward_hook(
@@ -173,3 +184,28 @@ def test_a_non_finite_step_changes_nothing(env: DistEnv, over: tuple[str, ...]) 
     later = state(engine)
     assert any(not torch.equal(a, b) for a, b in zip(before, later, strict=True))
     assert all(t.isfinite().all() for t in later)
+
+
+@pytest.mark.parametrize(
+    "stage,accum,dtype",
+    [(1, 2, torch.float32), (2, 2, torch.float32), (3, 2, torch.float32),
+     (1, 1, torch.bfloat16), (2, 1, torch.bfloat16)],
+)  # fmt: skip
+def test_bf16_sums_gradients_in_fp32_where_a_step_accumulates(
+    env: DistEnv, stage: int, accum: int, dtype: torch.dtype
+) -> None:
+    """train.grad_accum_dtype auto under bf16: the dtype DeepSpeed's optimizer sums the
+    micro-batches' gradients in, as it reads it (ZeRO 1: BF16_Optimizer, whose gradient
+    buffer is that dtype; ZeRO 2, 3: the partitions' accumulation dtype)."""
+    engine = engine_for(
+        env, "train.precision=bf16", f"train.zero_stage={stage}", f"train.grad_accum={accum}"
+    )
+    opt = engine.optimizer
+    if stage == 1 and dtype == torch.float32:
+        assert type(opt).__name__ == "BF16_Optimizer"
+        assert opt.grad_acc_dtype == dtype
+        assert {t.dtype for t in opt.fp32_groups_gradients_flat} == {dtype}
+    else:
+        assert opt.gradient_accumulation_dtype == dtype
+    assert all(p.dtype == torch.bfloat16 for p in engine.module.parameters())
+    assert step(engine, env, 0).completed

@@ -48,12 +48,23 @@ def ask_grad_norm(engine: Any, train: TrainConfig, optim: OptimConfig, logs: boo
 def compute_grad_norm_for(engine: Any, on: bool) -> bool:
     """Have ZeRO 1/2 compute the gradient norm in the next step or not (its optimizer reads
     the flag in each step; without it `engine.get_global_grad_norm()` is None). Returns whether
-    the choice took: ZeRO 0 and 3 always compute it."""
+    the choice took: ZeRO 0 and 3, and BF16_Optimizer (ZeRO 1 summing in fp32), always compute
+    it."""
     optimizer = getattr(engine, "optimizer", None)
     if optimizer is None or not hasattr(optimizer, "compute_grad_norm"):
         return False
     optimizer.compute_grad_norm = on
     return True
+
+
+def accumulation_dtype(train: TrainConfig) -> str:
+    """The dtype gradients are summed in: the run's decision, or for an engine built without
+    one (benches, calibration) what `auto` decides for its config (trainer/autos.py)."""
+    if train.grad_accum_dtype != "auto":
+        return train.grad_accum_dtype
+    from trainer.autos import accumulation_choice
+
+    return accumulation_choice(train.precision, train.grad_accum, train.zero_stage)[0]
 
 
 def build_ds_config(
@@ -92,7 +103,12 @@ def build_ds_config(
     # DeepSpeed's throughput timer synchronises the device in every forward and step (two
     # syncs per micro-batch on a GPU); the trainer measures its own throughput without one.
     config["timers"] = {"throughput": {"enabled": False, "synchronized": False}}
-    if not optim.grad_norm:  # no norm kernels (nor, in fp32, the check of the norm on the host)
+    fp32_sums = accumulation_dtype(train) == "fp32" and train.precision == "bf16"
+    if fp32_sums:  # ZeRO 1: DeepSpeed's BF16_Optimizer (fp32 gradients); 2, 3: fp32 partitions
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    # no norm kernels (nor, in fp32, the check of the norm on the host); BF16_Optimizer always
+    # computes it (DeepSpeed refuses it off there)
+    if not optim.grad_norm and not (fp32_sums and train.zero_stage == 1):
         zero["compute_grad_norm"] = False
     if load_universal:  # resuming a checkpoint saved on another number of ranks
         config["checkpoint"] = {"load_universal": True}
