@@ -36,7 +36,14 @@ from trainer.profiler import StepProfiler
 from trainer.report import write_report_or_warn
 from trainer.run_dir import RunDir, tag_for
 from trainer.settle import PrecisionError, SettledJob, cluster_peak_flops, settle_job
-from trainer.signals import EXIT_NONFINITE, EXIT_SAVE_FAILED, LoopGuard, StopRequest, Watchdog
+from trainer.signals import (
+    EXIT_NONFINITE,
+    EXIT_SAVE_FAILED,
+    LoopGuard,
+    MidStepStop,
+    StopRequest,
+    Watchdog,
+)
 from trainer.sinks import open_sinks
 from trainer.state import DataPosition, RngState, TrainState, rng_preserved
 from trainer.step import (
@@ -122,6 +129,8 @@ class Trainer:
         self.control_group = (
             torch.distributed.new_group(backend="gloo") if env.device.type == "cuda" else None
         )
+        self.mid_step = MidStepStop(stop_request, self.cfg.stop_grace_s, EXIT_MARGIN_S,
+                                    self.control_group)  # fmt: skip
         self.checkpoints = CheckpointManager(
             run.checkpoints, self.engine, env.rank, env.world_size, self.state,
             {"data": DataPosition(self.stream), "rng": RngState()},
@@ -204,22 +213,19 @@ class Trainer:
         self.events.step_begins(self.state.step)
         before = self.checkpoints.rank_states()  # data position and RNG before this step
         micro, waited = take_batches(self.batches, self.cfg.grad_accum)
-        clock_due = bool(
-            self.env.is_main
-            and self.cfg.save_every_minutes
-            and time.monotonic() - self.last_save >= 60 * self.cfg.save_every_minutes
-        )
+        every = 60 * self.cfg.save_every_minutes
+        clock_due = self.env.is_main and every > 0 and time.monotonic() - self.last_save >= every
         ask_grad_norm(self.engine, self.cfg, self.job.optim, self._log_due(self.state.step + 1))
+        checks = self.mid_step.needed(self.checkpoints.expected_save_s(), len(micro))
+        budget = self.budget.flags(self.state.step + 1)
+        flags = [self.stop_request.requested, clock_due, checks, *budget]
+        began = time.perf_counter()
         result = train_step(
-            self.engine,
-            micro,
-            self.env,
-            self.model_cfg.label_smoothing,
-            [self.stop_request.requested, clock_due, *self.budget.flags(self.state.step + 1)],
-            nonfinite_flag(self.step_sums, self.env.device),
-            self.abandon,
-            step_guards_update(self.cfg, self.job.optim),
-        )
+            self.engine, micro, self.env, self.model_cfg.label_smoothing, flags,
+            nonfinite_flag(self.step_sums, self.env.device), self.abandon,
+            step_guards_update(self.cfg, self.job.optim), LoopFlags.CHECKS,
+        )  # fmt: skip
+        self.mid_step.step_took(time.perf_counter() - began)
         flags = LoopFlags.of(result.flags)
         self.stopping, self.save_due = flags.stop, flags.save_due
         self.record = {}
@@ -252,18 +258,13 @@ class Trainer:
                 f"last checkpoint is {self.checkpoints.ckpts.latest_tag() or 'none'}",
             )
 
-    def abandon(self, micro: int) -> bool:
-        """After micro-batch `micro` of a step: drop the step when a stop request came too long
-        ago to finish it and still save within train.stop_grace_s. Agreed by all ranks (one
-        host-side all-reduce on the control group; no device sync)."""
+    def abandon(self, micro: int, check: bool) -> bool:
+        """After micro-batch `micro`; in a step whose ranks agreed to `check` (MidStepStop), drop
+        it when a stop request came too long ago to finish it and still save in time."""
         self.events.micro_batch_ended(self.state.step + 1, micro)
-        reserve = self.checkpoints.expected_save_s() + EXIT_MARGIN_S
-        late = self.stop_request.past(self.cfg.stop_grace_s - reserve)
-        if self.env.world_size == 1:
-            return late
-        flag = torch.tensor([float(late)])
-        torch.distributed.all_reduce(flag, group=self.control_group)
-        return bool(flag.item() > 0)
+        return check and self.mid_step.agreed(
+            self.checkpoints.expected_save_s(), self.env.world_size
+        )
 
     def _final(self) -> bool:  # the last step of the run
         return self.state.step == self.budget.end_step() or self.budget.spent or self.target.reached

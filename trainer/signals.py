@@ -18,6 +18,7 @@ import re
 import signal
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
@@ -153,3 +154,48 @@ class LoopGuard:
     def __exit__(self, *exc: object) -> None:
         self.watchdog.disarm()
         self.stop_request.uninstall()
+
+
+RECENT_STEPS = 8  # the steps whose longest MidStepStop prices a step by (not the compiling first)
+
+
+class MidStepStop:
+    """Whether a step in flight is abandoned on a stop request (its gradients dropped before
+    the update), agreed by every rank after each micro-batch but the last.
+
+    That agreement is a host-side all-reduce per micro-batch boundary (across nodes where the
+    job spans them). It is only needed where a stop arriving at a step's start could not wait
+    for the step's end and still save within train.stop_grace_s: `needed` says so from the
+    longest of this process's last RECENT_STEPS steps (twice it, for safety; unknown before the
+    first step, so needed then) and the expected save, and travels in the step's one collective
+    as a flag, so all ranks agree whether to check. Elsewhere a stop waits for the step's end: no
+    collective between micro-batches."""
+
+    def __init__(self, stop: StopRequest, grace_s: float, margin_s: float, group: object) -> None:
+        self.stop, self.grace_s, self.margin_s, self.group = stop, grace_s, margin_s, group
+        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)  # seconds of the last steps
+        self.checks = 0  # agreements made (the count the tests read)
+
+    def step_took(self, seconds: float) -> None:
+        self.recent.append(seconds)
+
+    def needed(self, save_s: float, micro_batches: int) -> bool:
+        if micro_batches < 2:
+            return False
+        if not self.recent:
+            return True
+        return 2 * max(self.recent) + save_s + self.margin_s >= self.grace_s
+
+    def agreed(self, save_s: float, world_size: int) -> bool:
+        """After a micro-batch, in a step that checks: whether the stop request (on any rank)
+        came too long ago to finish the step and still save in time."""
+        import torch
+        import torch.distributed as dist
+
+        late = self.stop.past(self.grace_s - save_s - self.margin_s)
+        if world_size == 1:
+            return late
+        self.checks += 1
+        flag = torch.tensor([float(late)])
+        dist.all_reduce(flag, group=self.group)  # type: ignore[arg-type]
+        return bool(flag.item() > 0)

@@ -35,13 +35,16 @@ class LoopFlags(NamedTuple):
 
     stop: bool  # a stop request (a signal) on some rank
     save_due: bool  # train.save_every_minutes elapsed on rank 0
+    checks: bool  # whether to agree after each micro-batch on abandoning (trainer/signals.py)
     budget: list[bool]  # trainer/budget.py's flags
     prev_nonfinite: bool  # the previous step's loss was not finite on some rank
 
+    CHECKS = 2  # the index of `checks` among the flags
+
     @classmethod
     def of(cls, agreed: list[bool]) -> LoopFlags:
-        stop, save_due, *budget, prev_nonfinite = agreed
-        return cls(stop, save_due, budget, prev_nonfinite)
+        stop, save_due, checks, *budget, prev_nonfinite = agreed
+        return cls(stop, save_due, checks, budget, prev_nonfinite)
 
 
 def train_step(
@@ -51,8 +54,9 @@ def train_step(
     epsilon: float,
     flags: list[bool],
     device_flags: torch.Tensor | None = None,
-    abandon: Callable[[int], bool] | None = None,
+    abandon: Callable[[int, bool], bool] | None = None,
     guard: bool = True,
+    checks: int | None = None,
 ) -> StepResult:
     """One optimizer step over `batches` (the accumulation micro-batches of this rank).
 
@@ -63,10 +67,11 @@ def train_step(
     request) and `device_flags` (e.g. the previous step's loss was not finite, still on the
     device), so every rank acts on them at the same step; its result is the step's one
     device-to-host sync. Padding decisions come from the batches' host metadata.
-    A stop request agreed there skips the step; `abandon(i)` (all ranks call it after
-    micro-batch i, before the last; it must agree across ranks) drops the step in flight before
-    the optimizer update. Either way `completed` is False and the engine's weights and optimizer
-    are those of the last finished step. `guard`: the step keeps a non-finite loss from
+    A stop request agreed there skips the step; `abandon(i, check)` (all ranks call it after
+    micro-batch i, before the last, `check` being the agreed host flag at index `checks`; it
+    must agree across ranks) drops the step in flight before the optimizer update. Either way
+    `completed` is False and the engine's weights and optimizer are those of the last finished
+    step. `guard`: the step keeps a non-finite loss from
     updating (trainer/ds/config.py `step_guards_update`; false where DeepSpeed checks itself).
     """
     host = torch.tensor([sum(b.n_tgt_tokens for b in batches), *map(float, flags)])
@@ -83,6 +88,7 @@ def train_step(
     sums = sums.to(env.device, non_blocking=True)
     if flags and agreed[0]:
         return StepResult(sums, agreed, completed=False)
+    check = checks is None or agreed[checks]
     factor = env.world_size * len(batches) / max(global_tokens, 1.0)
     for i, batch in enumerate(batches):
         batch = batch.to(env.device, non_blocking=True)
@@ -92,7 +98,7 @@ def train_step(
             )
         with record_function(REGION_BACKWARD):
             engine.backward(loss * factor)
-        if abandon is not None and i < len(batches) - 1 and abandon(i):
+        if abandon is not None and i < len(batches) - 1 and abandon(i, check):
             return StepResult(sums, agreed, completed=False, micro_batches_run=i + 1)
         sums[:3] += torch.stack([loss.detach(), nll.detach(), ntok.detach()]).double()
         guarded = guard_update(engine, sums) if guard and i == len(batches) - 1 else None

@@ -95,6 +95,7 @@ def test_a_start_before_any_checkpoint_keeps_the_first_starts_decision(
         "device": "cpu",
         "precision": "bf16",
         "attention": "math",
+        "grad_accum_dtype": "bf16",  # one micro-batch a step: nothing summed
         "compile": "false",
         "num_workers": "1",
     }
