@@ -212,11 +212,13 @@ def configuration(fields: Sequence[Any], lengths: str, overrides: Sequence[str])
     name = f"ZeRO {job.train.zero_stage}, compile {compiled}"
     name += "" if lengths == "fixed" else f", {lengths} lengths"
     name += ", deterministic" if job.train.deterministic else ""
+    name += "" if job.train.overlap_comm else ", no overlap"
     case = {
         "zero": job.train.zero_stage,
         "compile": compiled,
         "lengths": lengths,
         "deterministic": job.train.deterministic,
+        "overlap_comm": job.train.overlap_comm,
         "precision": precision,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "params": sum(p.numel() for p in engine.module.parameters()),
@@ -236,16 +238,19 @@ def configuration(fields: Sequence[Any], lengths: str, overrides: Sequence[str])
     return [row(f"{name}: {figure}", value, unit, **case) for figure, value, unit in figures]
 
 
-# (ZeRO stage, train.compile, lengths, train.deterministic), the most telling first: eager,
-# then the GPU's default (`auto`: each layer compiled) at WMT14-like lengths; at smoke size
-# none compiled (on a CPU a compile is a minute; tests/integration/test_engine_options.py
-# trains compiled). The deterministic one prices `train.deterministic` against the first.
+# (ZeRO stage, train.compile, lengths, train.deterministic, train.overlap_comm), the most
+# telling first: eager, then the GPU's default (`auto`: each layer compiled) at WMT14-like
+# lengths; at smoke size none compiled (on a CPU a compile is a minute;
+# tests/integration/test_engine_options.py trains compiled) and all overlapped. The
+# deterministic one prices `train.deterministic`, the last two overlap_comm, against the first.
 CONFIGS = (
-    (1, "false", "fixed", False), (1, "layers", "wmt14", False), (1, "false", "wmt14", False),
-    (1, "layers", "fixed", False), (1, "false", "fixed", True), (1, "model", "fixed", False),
-    (2, "false", "fixed", False), (2, "model", "fixed", False),
+    (1, "false", "fixed", False, True), (1, "layers", "wmt14", False, True),
+    (1, "false", "fixed", False, False), (1, "false", "wmt14", False, True),
+    (1, "layers", "fixed", False, True), (1, "false", "fixed", True, True),
+    (1, "model", "fixed", False, True), (2, "false", "fixed", False, True),
+    (2, "model", "fixed", False, True), (2, "false", "fixed", False, False),
 )  # fmt: skip
-SMOKE_CONFIGS = tuple(c for c in CONFIGS if c[1] == "false")
+SMOKE_CONFIGS = tuple(c for c in CONFIGS if c[1] == "false" and c[4])
 
 
 def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> list[Row]:
@@ -260,15 +265,17 @@ def measure(work: Path, smoke: bool = False, budget_s: float | None = None) -> l
         size, extra, limits, configs = FULL, [], (90, 240), CONFIGS
         env, budget_s = {}, budget_s or float(os.environ.get("GPU_BENCH_BUDGET_S", 400))
     start, rows, done = time.monotonic(), list[Row](), 0
-    for i, (zero, compile_, lengths, deterministic) in enumerate(configs):
+    for i, (zero, compile_, lengths, deterministic, overlap) in enumerate(configs):
         name = f"ZeRO {zero}, compile {compile_}, {lengths} lengths"
         name += ", deterministic" if deterministic else ""
+        name += "" if overlap else ", no overlap"
         if time.monotonic() - start > budget_s:
             print(f"== {name}: not started ({time.monotonic() - start:.0f} s elapsed)", flush=True)
             continue
         over = [*extra, "train.grad_accum=1", "train.precision=bf16", f"train.zero_stage={zero}",
                 f"train.compile={compile_}",
-                f"train.deterministic={str(deterministic).lower()}"]  # fmt: skip
+                f"train.deterministic={str(deterministic).lower()}",
+                f"train.overlap_comm={str(overlap).lower()}"]  # fmt: skip
         kwargs = {"fields": size, "lengths": lengths, "overrides": over}
         try:
             found = in_fresh_process("gpu:configuration", kwargs, work / f"{i}.log", env,

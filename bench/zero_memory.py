@@ -6,9 +6,9 @@ the tensor storages that are alive and were not before the engine (what the garb
 tracks, and what the optimizer and parameters reach: `.grad`, ZeRO 3's `ds_tensor`). The
 largest sum is the measured resident memory of parameters, gradients, optimizer states and
 persistent buffers; the prediction is launch.cost_model.plan's `resident` bytes plus the
-module buffers. Transients inside backward/step are outside both. `bucket_elements` replaces
-trainer.ds.config.BUCKET_ELEMENTS in both (at 5e8, ZeRO 3's resident bucket would dwarf a
-small model).
+module buffers. Transients inside backward/step are outside both. `bucket_elements` sets
+train.bucket_elements for both (at the default, ZeRO 3's resident bucket would dwarf a small
+model).
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from typing import Any
 import torch
 
 from bench.common import CPU_ENV, Row, in_fresh_process, open_job, row
-from launch.cost_model.plan import Buckets, model_state_bytes, module_buffer_bytes, persistent_numel
+from launch.cost_model.plan import (
+    ds_buckets,
+    model_state_bytes,
+    module_buffer_bytes,
+    persistent_numel,
+)
 from model.config import ModelConfig
 from model.loss import label_smoothed_loss
 from model.params import count_parameters
@@ -123,12 +128,12 @@ def measure_stage(job: Any, model_cfg: ModelConfig, env: Any, stage: int) -> tup
 
 
 def predicted_bytes(
-    model_cfg: ModelConfig, stage: int, world: int, precision: str, fp32_sums: bool = False
+    model_cfg: ModelConfig, stage: int, world: int, precision: str, train: Any
 ) -> float:
-    """launch.cost_model.plan's resident model states plus module buffers for this rank
-    (`fp32_sums`: bf16 gradients summed in fp32, train.grad_accum_dtype)."""
-    elems = ds_config.BUCKET_ELEMENTS
-    buckets = Buckets(elems, elems, elems, 100_000)
+    """launch.cost_model.plan's resident model states plus module buffers for this rank, with
+    the run's buckets (train.bucket_elements, train.overlap_comm) and gradient sums' dtype."""
+    buckets = ds_buckets(train)
+    fp32_sums = ds_config.accumulation_dtype(train) == "fp32"
     persistent = persistent_numel(model_cfg, buckets.persistence_threshold) if stage == 3 else 0
     n_params = count_parameters(model_cfg)["total"]
     states = model_state_bytes(n_params, stage, world, precision, buckets, persistent, fp32_sums)
@@ -137,15 +142,13 @@ def predicted_bytes(
 
 def worker(config: str, bucket_elements: int, overrides: list[str]) -> list[Row]:
     """One rank under torchrun: every stage; its rows."""
-    if bucket_elements:
-        ds_config.BUCKET_ELEMENTS = bucket_elements
-    job, env, model_cfg = open_job(config, ["logging.wandb=disabled", *overrides])
+    sized = [f"train.bucket_elements={bucket_elements}"] if bucket_elements else []
+    job, env, model_cfg = open_job(config, ["logging.wandb=disabled", *sized, *overrides])
     world, precision = env.world_size, job.train.precision
     rows = []
     for stage in STAGES:
         measured, optimizer = measure_stage(job, model_cfg, env, stage)
-        fp32_sums = ds_config.accumulation_dtype(job.train) == "fp32"  # at this stage
-        predicted = predicted_bytes(model_cfg, stage, world, precision, fp32_sums)
+        predicted = predicted_bytes(model_cfg, stage, world, precision, job.train)  # this stage
         case = {"world": world, "stage": stage, "measured": measured, "predicted": predicted,
                 "optimizer": optimizer, "precision": precision, "config": config}  # fmt: skip
         label = f"measured / predicted, {world} rank(s), ZeRO {stage}"

@@ -165,7 +165,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from launch.config import load_config
     from launch.cost_model.comm import Interconnect
     from launch.cost_model.feed import feed_figures
-    from launch.cost_model.plan import Machine, make_plan
+    from launch.cost_model.plan import Machine, ds_buckets, make_plan
     from launch.cost_model.table import format_plan
     from model.config import ModelConfig
 
@@ -187,6 +187,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         on_cpu=speed.device == "cpu",
         links=Interconnect.of(args.intra_link, args.network, args.network_gbps),
         comm_bytes=4 if precision == "fp32" else 2,
+        buckets=ds_buckets(job.train),
     )
     target, target_from = target_tokens(args.target_tokens, job, machine.world)
     plan = make_plan(
@@ -204,6 +205,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     plan = {"vocab_size": vocab, "gpu": args.gpu, "precision_from": how, **plan}
     plan.update(target_from=target_from, speed_line=speed.line, speed_measured=speed.measured)
+    plan["overlap_comm"] = job.train.overlap_comm
     if plan["recommended_stage"] is not None:
         plan["configured"] = configured_batch(cfg, job, machine, plan, args)
         c = plan["configured"]

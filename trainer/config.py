@@ -171,12 +171,18 @@ class TrainConfig:
     # fp32 under bf16 where grad_accum > 1 at ZeRO 1-3, else the precision's) | fp32 | bf16 |
     # fp16; fp32 under bf16 is DeepSpeed's data_types.grad_accum_dtype (ZeRO 1-3 only)
     grad_accum_dtype: str = "auto"
+    # ZeRO 1-3: each bucket of gradients reduced while the backward still computes the next
+    # (DeepSpeed's overlap_comm, two buckets in flight); false: reduced after the backward
+    overlap_comm: bool = True
+    # elements per DeepSpeed reduce / all-gather / ZeRO 3 prefetch bucket: small enough that
+    # the first is full early in the backward, large enough to keep each collective efficient
+    bucket_elements: int = 50_000_000
 
     def problems(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         for key in (
             "max_steps", "grad_accum", "log_every", "bleu_samples", "bleu_beam", "keep_last",
-            "crash_loop_attempts", "budget_calibration_steps",
+            "crash_loop_attempts", "budget_calibration_steps", "bucket_elements",
         ):  # fmt: skip
             if not _positive_int(getattr(self, key)):
                 out.append((key, f"must be a positive integer, got {getattr(self, key)!r}"))

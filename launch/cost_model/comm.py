@@ -19,8 +19,8 @@ nodes crosses each node's network once in and once out, so the node's links carr
 sends, 2 (n - 1) / n x S for an all-reduce, in as many rings as the node has adapters. Each unit
 is n - 1 ring steps, each adding the link's latency (small at these sizes).
 
-Nothing of it overlaps the backward: the trainer's DeepSpeed config reduces after it
-(`overlap_comm` off, one bucket of 5e8 elements, trainer/ds/config.py). The bandwidths are
+What of it overlaps the backward (train.overlap_comm, train.bucket_elements) is
+launch/cost_model/step_time.py's `exposed_sync`. The bandwidths are
 assumed (~80 % of the links' datasheet rates, what nccl-tests' bus bandwidth reaches at large
 messages), not measured here; the plan says so.
 """

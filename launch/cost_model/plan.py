@@ -16,20 +16,19 @@ parameters (2 Psi) and gradients (2 Psi), plus K = 12 bytes per parameter of opt
     stage 3   (2 + 2 + 12) Psi / N            parameters too (+ small parameters kept whole)
 
 fp32 training has no master copy at stage 0 (4 + 4 + 8 bytes), while ZeRO 1-3 still keep an fp32
-partition beside the fp32 parameters (4 + 4 + 12). bf16 summing its micro-batches' gradients in
-fp32 (train.grad_accum_dtype, where grad_accum > 1): at stage 1 DeepSpeed's BF16_Optimizer adds a
-whole fp32 gradient buffer (2 + 4 Psi of gradients), at stages 2 and 3 the gradient partitions
-are fp32 (4 Psi / N). Buffers from trainer/ds/config.py's bucket
-sizes: ZeRO 1/2 fill one contiguous reduce bucket of `reduce_bucket_size` 16-bit elements
-during backward (allocated per backward pass, released after it); ZeRO 3 keeps its reduce
-bucket for the engine's lifetime and gathers up to `stage3_prefetch_bucket_size` parameters
-ahead of their use. Module buffers (the fp32 sinusoidal position table) are counted too.
+partition beside the fp32 parameters (4 + 4 + 12). bf16 summing micro-batches' gradients in fp32
+(train.grad_accum_dtype): stage 1's BF16_Optimizer adds a whole fp32 gradient buffer (2 + 4 Psi),
+stages 2 and 3 keep fp32 gradient partitions (4 Psi / N). Buffers (train.bucket_elements): ZeRO
+1/2 fill a contiguous 16-bit reduce bucket during backward, two with train.overlap_comm
+(released after it); ZeRO 3 keeps its reduce bucket for the engine's lifetime and gathers up to
+a bucket of parameters ahead of their use. Module buffers (the position table) count too.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from launch.cost_model.activations import (
     activation_bytes,
@@ -56,6 +55,17 @@ BATCH_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
+class Buckets:
+    """DeepSpeed bucket sizes in elements and overlap_comm (trainer/ds/config.py)."""
+
+    reduce: int
+    allgather: int
+    prefetch: int
+    persistence_threshold: int
+    overlap: bool = False
+
+
+@dataclass(frozen=True)
 class Machine:
     """What the plan is for: ranks, memory per rank and the assumed speed."""
 
@@ -71,6 +81,7 @@ class Machine:
     # GPU links for the gradients' synchronisation (launch/cost_model/comm.py); None: not priced
     links: Interconnect | None = None
     comm_bytes: int = 2  # bytes a parameter's gradient is communicated in (bf16/fp16; fp32: 4)
+    buckets: Buckets | None = None  # train.bucket_elements, train.overlap_comm (None: defaults)
 
     @property
     def world(self) -> int:
@@ -85,21 +96,14 @@ class Machine:
         return self.gpu_mem_gib * GIB * (1.0 - self.headroom) - RUNTIME_RESERVE_BYTES
 
 
-@dataclass(frozen=True)
-class Buckets:
-    """DeepSpeed bucket sizes in elements (trainer/ds/config.py sets them)."""
+def ds_buckets(train: Any = None) -> Buckets:
+    """The bucket sizes trainer/ds/config.py gives DeepSpeed for `train` (a TrainConfig; the
+    defaults without one)."""
+    from trainer.config import TrainConfig
 
-    reduce: int
-    allgather: int
-    prefetch: int
-    persistence_threshold: int
-
-
-def ds_buckets() -> Buckets:
-    """The bucket sizes trainer/ds/config.py gives DeepSpeed."""
-    from trainer.ds.config import BUCKET_ELEMENTS
-
-    return Buckets(BUCKET_ELEMENTS, BUCKET_ELEMENTS, BUCKET_ELEMENTS, 100_000)
+    train = train or TrainConfig()
+    n = int(train.bucket_elements)
+    return Buckets(n, n, n, 100_000, bool(train.overlap_comm))
 
 
 def precision_bytes(precision: str) -> tuple[int, int, int]:
@@ -163,8 +167,8 @@ def model_state_bytes(
         grads = (g_b + 4) * psi if stage == 1 else 4 * psi / world
     optimizer = o_b * psi if stage == 0 else o_b * psi / world
     resident_buffers = 0.0
-    if stage in (1, 2):
-        transient = half * buckets.reduce  # contiguous reduce bucket, during backward
+    if stage in (1, 2):  # contiguous reduce buckets, during backward (two with overlap_comm)
+        transient = half * buckets.reduce * (2 if buckets.overlap else 1)
     elif stage == 3:
         resident_buffers = half * buckets.reduce  # kept for the engine's lifetime
         transient = half * min(buckets.prefetch, psi)  # parameters gathered ahead of use
@@ -262,7 +266,7 @@ def stage_plan(
     are `choose_batch`'s for the target. `sums` is train.grad_accum_dtype: `auto` sums in fp32
     under bf16 where the batch chosen accumulates (trainer/autos.py), and is planned so.
     """
-    buckets = buckets or ds_buckets()
+    buckets = buckets or machine.buckets or ds_buckets()
     n_params = count_parameters(cfg)["total"]
     persistent = persistent_numel(cfg, buckets.persistence_threshold) if stage == 3 else 0
     chunking = machine.loss_chunking()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from launch.cost_model.comm import sync_seconds
+from launch.cost_model.comm import sync_seconds, volume_units
 from model.config import ModelConfig
 from model.params import count_parameters
 from trainer.flops import step_flops
@@ -30,7 +30,8 @@ def step_time(
 
     step_s = FLOPs of the tokens the micro-batches hold (`fill` of their budget) / (ranks x
     peak x MFU) + the overhead per step + accum x the overhead per micro-batch
-    (launch/cost_model/speed.py) + the gradients' synchronisation (launch/cost_model/comm.py).
+    (launch/cost_model/speed.py) + the gradients' synchronisation (launch/cost_model/comm.py)
+    that does not overlap the backward (`exposed_sync`).
     """
     flops = step_flops(cfg, tokens, tokens, seq_len, seq_len)
     if checkpointing:
@@ -44,6 +45,7 @@ def step_time(
                             machine.gpus_per_node, machine.links)  # fmt: skip
         comm_s, comm_bytes = float(sync["seconds"]), float(sync["bytes"])
         comm_link = str(sync["link"]) if comm_s else ""
+        comm_s = exposed_sync(comm_s, compute_s, stage, accum, n_params, machine.buckets)
     return {
         "flops": flops,
         "compute_s": compute_s,
@@ -53,3 +55,25 @@ def step_time(
         "comm_link": comm_link,
         "step_s": compute_s + overhead_s + comm_s,
     }
+
+
+BACKWARD_SHARE = 2 / 3  # of a micro-batch's matmuls: the backward's (twice the forward's)
+
+
+def exposed_sync(
+    comm_s: float, compute_s: float, stage: int, accum: int, n_params: int, buckets: Any
+) -> float:
+    """The synchronisation seconds left after what overlap_comm hides behind the backward.
+
+    ZeRO 1 and 2 reduce their gradients bucket by bucket while the backward runs (ZeRO 1 in the
+    step's last backward, ZeRO 2 in each): each reduction is hidden up to that backward's time,
+    except its last bucket, which can only start when the backward ends. The parameters'
+    all-gather after the update is not hidden, nor is anything at ZeRO 0 (one all-reduce after
+    the backward) or ZeRO 3 (planned without overlap). A model, not a measurement."""
+    if buckets is None or not buckets.overlap or stage not in (1, 2):
+        return comm_s
+    units = volume_units(stage, accum)
+    reduce_s, events = comm_s * (units - 1) / units, accum if stage == 2 else 1
+    per_event, backward_s = reduce_s / events, BACKWARD_SHARE * compute_s / accum
+    last_bucket = per_event * min(1.0, buckets.reduce / max(n_params, 1))
+    return comm_s - reduce_s + events * max(per_event - backward_s, last_bucket)

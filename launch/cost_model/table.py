@@ -70,6 +70,15 @@ def _batch_lines(plan: dict) -> list[str]:
     ]
 
 
+def overlap_words(plan: dict) -> str:
+    """How much of the sync the step waits for (launch/cost_model/step_time.py exposed_sync)."""
+    if not plan.get("overlap_comm"):
+        return "after the backward (train.overlap_comm off)"
+    if plan["recommended_stage"] in (1, 2):
+        return "the part train.overlap_comm does not hide behind the backward"
+    return f"after the backward (overlap_comm hides nothing at ZeRO {plan['recommended_stage']})"
+
+
 def _time_lines(plan: dict) -> list[str]:
     """Speed source, FLOPs, step time, the config's own batch, time to BLEU and max_steps."""
     lines = []
@@ -91,7 +100,7 @@ def _time_lines(plan: dict) -> list[str]:
             f"gradient sync    {plan['comm_s'] * 1e3:.1f} ms per step: ZeRO "
             f"{plan['recommended_stage']} moves {plan['comm_bytes'] / 1e9:.2f} GB per rank "
             f"({plan['precision']}) over {plan['comm_link']} (assumed ~80 % of it; "
-            "launch/cost_model/comm.py), after the backward (overlap_comm off)"
+            f"launch/cost_model/comm.py), {overlap_words(plan)}"
         )
     c = plan.get("configured")
     if c:

@@ -25,6 +25,23 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # Slurm's D-HH:MM:SS and its shorter forms
 
 
+def numa_binding_modes() -> list[str]:
+    """The modes of torchrun's --numa-binding in the installed torch."""
+    from torch.numa.binding import AffinityMode
+
+    return [mode.value for mode in AffinityMode]
+
+
+def numa_binding_problem(profile: ClusterProfile) -> str:
+    """Why the profile's numa_binding cannot be used ('' when it can)."""
+    modes = numa_binding_modes()
+    if profile.numa_binding not in modes:
+        return f"must be one of {', '.join(modes)} or null, got {profile.numa_binding!r}"
+    if profile.gpus_per_node < 1:
+        return "binds ranks to the CPUs near their GPU: GPU nodes only (gpus_per_node >= 1)"
+    return ""
+
+
 @dataclass
 class ClusterProfile:
     """One Slurm cluster (or partition) and how a job uses its nodes."""
@@ -40,6 +57,9 @@ class ClusterProfile:
     procs_per_node: int | None = None  # ranks per node; default gpus_per_node, or 1 on CPUs
     cpus_per_task: int | None = None  # CPUs of the one task per node (all its ranks)
     mem: str | None = None  # memory per node, e.g. "64G"; "0" is all of it
+    # each rank bound to the CPUs near its GPU: torchrun's --numa-binding mode (node, socket,
+    # exclusive, core-complex; numactl on the nodes), GPU nodes only; null: unbound
+    numa_binding: str | None = None
     signal_seconds: int = 90  # USR1 this long before the time limit: save and requeue
     # The c10d rendezvous port on the first node. 0: a port free there, chosen for every try;
     # a number (a firewall's opening): that port first, free ones if it fails.
@@ -75,6 +95,8 @@ class ClusterProfile:
             value = getattr(self, key)
             if value is not None and value < 1:
                 out.append((key, f"must be a positive integer or null, got {value!r}"))
+        if self.numa_binding is not None and (why := numa_binding_problem(self)):
+            out.append(("numa_binding", why))
         if not _TIME.match(self.time):
             out.append(("time", f"must be Slurm's [D-]HH:MM:SS (or MM, MM:SS), got {self.time!r}"))
         for key in ("name", "partition", "account", "qos", "constraint", "mem", "python"):

@@ -102,10 +102,12 @@ def torchrun_command(
     is_host: bool,
     grace_s: float = 30.0,
     max_restarts: int = 0,
+    numa_binding: str | None = None,
 ) -> list[str]:
     """torchrun for one node of a multi-node job. The first node hosts the rendezvous store
     (`is_host` is given, not guessed from host names, which may differ from the node list's).
-    On TERM torchrun gives its ranks `grace_s` (train.stop_grace_s) to save before killing."""
+    On TERM torchrun gives its ranks `grace_s` (train.stop_grace_s) to save before killing.
+    `numa_binding`: the profile's mode of torchrun's --numa-binding (None: unbound)."""
     return [
         python,
         "-m",
@@ -116,6 +118,7 @@ def torchrun_command(
         f"--rdzv_endpoint={endpoint}",
         f"--rdzv_id={rdzv_id}",
         f"--rdzv_conf=is_host={int(is_host)}",
+        *([f"--numa-binding={numa_binding}"] if numa_binding else []),
         *train_args(RunDir(run_dir).config, run_dir, grace_s, max_restarts),
     ]
 
@@ -195,8 +198,9 @@ def copy_stderr(proc: subprocess.Popen, tail: deque[str]) -> None:
 
 
 def node(
-    run_dir: Path, nnodes: int, nproc_per_node: int, attempt_try: int, received: list[int]
-) -> int:
+    run_dir: Path, nnodes: int, nproc_per_node: int, attempt_try: int, received: list[int],
+    numa_binding: str | None = None,
+) -> int:  # fmt: skip
     from launch.config import load_config
     from launch.local import child_env, use_cuda
     from launch.slurm.rendezvous import first_error, record_startup_failure
@@ -215,6 +219,7 @@ def node(
         is_host=ctx["node_id"] == "0",
         grace_s=job.train.stop_grace_s,
         max_restarts=job.train.max_restarts,
+        numa_binding=numa_binding,
     )
     print(
         f"paperscale: node {socket.gethostname()} (node {ctx['node_id']} of {nnodes}): "
@@ -297,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--nnodes", type=int, required=True)
     n.add_argument("--nproc-per-node", type=int, required=True)
     n.add_argument("--try", dest="attempt_try", type=int, default=1)
+    n.add_argument("--numa-binding", default=None, help="the profile's numa_binding")
     s = sub.add_parser("outcome", help="exit with the code summary.json gives (75: requeue)")
     s.add_argument("--run-dir", required=True)
     o = sub.add_parser("port", help="the rendezvous port of a try (batch shell, first node)")
@@ -315,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         return outcome(run_dir)
     if args.step == "startup-failed":
         return startup_failed(run_dir, args.attempt_try)
-    return node(run_dir, args.nnodes, args.nproc_per_node, args.attempt_try, received)
+    return node(run_dir, args.nnodes, args.nproc_per_node, args.attempt_try, received,
+                args.numa_binding)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ def node_tasks_line(run: RunDir, profile: ClusterProfile, step: list[str]) -> st
         srun.append(f"--cpus-per-task={profile.cpus_per_task}")
     node = [*map(q, step), "node", "--run-dir", q(str(run.root)), f"--nnodes={profile.nodes}"]
     node += [f"--nproc-per-node={profile.ranks_per_node()}", '--try="$tries"']
+    node += [f"--numa-binding={profile.numa_binding}"] if profile.numa_binding else []
     return " ".join([*srun, *node]) + " &"
 
 

@@ -21,6 +21,7 @@ from launch.cost_model.plan import (
     Machine,
     accumulation_steps,
     activation_bytes,
+    ds_buckets,
     largest_micro_batch,
     make_plan,
     model_state_bytes,
@@ -65,14 +66,33 @@ def test_partitioned_terms_scale_one_over_world() -> None:
                 assert many[key] == pytest.approx(one[key] / world)
 
 
-def test_buckets_come_from_the_ds_config() -> None:
-    from trainer.ds.config import BUCKET_ELEMENTS
+def test_buckets_come_from_the_train_config() -> None:
+    from trainer.config import TrainConfig
 
+    n = TrainConfig().bucket_elements
     s1 = model_state_bytes(10**6, 1, 2)
     s3 = model_state_bytes(10**6, 3, 2)
-    assert s1["buffers"] == 2 * BUCKET_ELEMENTS  # one 16-bit reduce bucket
+    assert s1["buffers"] == 2 * 2 * n  # two 16-bit reduce buckets in flight (overlap_comm)
     assert s1["resident"] == s1["total"] - s1["buffers"]
-    assert s3["resident"] == s3["params"] + s3["grads"] + s3["optimizer"] + 2 * BUCKET_ELEMENTS
+    assert s3["resident"] == s3["params"] + s3["grads"] + s3["optimizer"] + 2 * n
+    off = ds_buckets(TrainConfig(overlap_comm=False, bucket_elements=1000))
+    assert model_state_bytes(10**6, 2, 2, "bf16", off)["buffers"] == 2 * 1000  # one bucket
+
+
+def test_overlap_hides_the_gradient_reduction_behind_the_backward_but_its_last_bucket() -> None:
+    from launch.cost_model.step_time import exposed_sync
+
+    on, off = Buckets(25_000_000, 0, 0, 0, True), Buckets(25_000_000, 0, 0, 0, False)
+    psi, sync, compute = 200_000_000, 0.080, 0.300  # ZeRO 1: reduce 40 ms + gather 40 ms
+    assert exposed_sync(sync, compute, 1, 1, psi, off) == sync
+    assert exposed_sync(sync, compute, 0, 1, psi, on) == sync  # ZeRO 0: nothing hidden
+    assert exposed_sync(sync, compute, 3, 1, psi, on) == sync  # planned without overlap
+    # the backward (200 ms) hides the reduction but its last bucket (1/8 of 40 ms)
+    assert exposed_sync(sync, compute, 1, 1, psi, on) == pytest.approx(0.040 + 0.005)
+    # a reduction longer than the backward shows its excess
+    assert exposed_sync(1.0, compute, 1, 1, psi, on) == pytest.approx(0.5 + 0.5 - 0.2)
+    # ZeRO 2, 4 micro-batches: 5 units, one reduction in each backward (50 ms each)
+    assert exposed_sync(0.050 * 5, compute, 2, 4, psi, on) == pytest.approx(0.050 + 4 * 0.050 / 8)
 
 
 def test_fp32_has_no_master_copy_at_stage_0() -> None:

@@ -78,6 +78,29 @@ def test_torchrun_uses_c10d_rendezvous_hosted_by_the_first_node() -> None:
     assert "--rdzv_conf=is_host=1" in first and "--rdzv_conf=is_host=0" in other
 
 
+def test_ranks_are_bound_near_their_gpu_where_the_profile_asks() -> None:
+    """numa_binding goes from the profile to each node's torchrun (--numa-binding); without
+    it, nothing is bound."""
+    bound = ClusterProfile(nodes=2, gpus_per_node=8, numa_binding="node")
+    assert not bound.problems()
+    (srun,) = [ln for ln in script_for(bound).splitlines() if ln.strip().startswith("srun ")]
+    assert srun.rstrip(" &").endswith("--numa-binding=node")
+    (plain,) = [
+        ln for ln in script_for(ClusterProfile(nodes=2, gpus_per_node=8)).splitlines()
+        if ln.strip().startswith("srun ")
+    ]  # fmt: skip
+    assert "numa" not in plain
+    cmd = torchrun_command("py", Path("/r"), 2, 8, "n1:1", "7-0", True, numa_binding="node")
+    assert cmd.index("--numa-binding=node") < cmd.index("launch.cli")
+    assert not any("numa" in a for a in torchrun_command("py", Path("/r"), 2, 8, "n1:1", "7", True))
+    assert load_profile("gpu-example").numa_binding == "node"
+    # torchrun of the pinned torch takes the option and the mode
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--help"], capture_output=True, text=True
+    ).stdout
+    assert "--numa-binding" in out and "node" in out
+
+
 def test_signal_requeue_and_log_lines(tmp_path: Path) -> None:
     text = script_for(ClusterProfile(signal_seconds=120, time="1-00:00:00"), tmp_path / "run")
     for line in (
@@ -169,6 +192,8 @@ def test_secrets_never_reach_the_script(
         ("nodes: 0\n", "cluster.nodes"),
         ("gpus_per_node: -1\n", "cluster.gpus_per_node"),
         ("time: soon\n", "cluster.time"),
+        ("gpus_per_node: 8\nnuma_binding: nearby\n", "cluster.numa_binding"),
+        ("numa_binding: node\n", "cluster.numa_binding"),  # CPU nodes: no GPU to be near
         ("nodez: 2\n", "cluster.nodez"),
         ("nodes: many\n", "cluster.nodes"),
         ("env:\n  1BAD: x\n", "cluster.env.1BAD"),

@@ -6,10 +6,6 @@ from typing import Any
 
 from trainer.config import OptimConfig, TrainConfig
 
-# Bucket sizes are explicit so a run's communication pattern does not change with DeepSpeed's
-# defaults; 5e8 elements is DeepSpeed's documented default and fits every preset here.
-BUCKET_ELEMENTS = 500_000_000
-
 
 def skips_nonfinite_steps(optim: OptimConfig) -> bool:
     """Whether the train step itself leaves the weights and Adam's state unchanged in a step
@@ -77,15 +73,15 @@ def build_ds_config(
     """
     zero: dict[str, Any] = {
         "stage": train.zero_stage,
-        "reduce_bucket_size": BUCKET_ELEMENTS,
-        "allgather_bucket_size": BUCKET_ELEMENTS,
-        "overlap_comm": False,
+        "reduce_bucket_size": train.bucket_elements,
+        "allgather_bucket_size": train.bucket_elements,
+        "overlap_comm": train.overlap_comm,
         "contiguous_gradients": True,
     }
     if train.zero_stage == 3:
         zero.update(
             {
-                "stage3_prefetch_bucket_size": BUCKET_ELEMENTS,
+                "stage3_prefetch_bucket_size": train.bucket_elements,
                 "stage3_param_persistence_threshold": 100_000,
                 "stage3_gather_16bit_weights_on_model_save": False,
             }
