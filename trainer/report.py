@@ -5,6 +5,7 @@ crashed run and on any machine that has the run dir.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -154,14 +155,55 @@ def summarize(records: list[Record]) -> str:
     return "\n".join(lines)
 
 
+def measured_step_s(records: list[Record]) -> float | None:
+    """The median training step of the second half of the run's log windows: real target
+    tokens per step / target tokens per second (evaluations and saves paused that clock)."""
+    per_step = [
+        float(r["tgt_tokens_per_step"]) / float(r["tgt_tokens_per_s"]) for r in records
+        if r.get("tgt_tokens_per_step") and r.get("tgt_tokens_per_s")
+    ]  # fmt: skip
+    tail = sorted(per_step[len(per_step) // 2 :])
+    return tail[len(tail) // 2] if tail else None
+
+
+def planned_against_measured(plan: dict[str, Any], records: list[Record]) -> list[str]:
+    """Lines setting RUN/plan.json (`paperscale plan --json` of the run's config) beside what
+    the run did: the step of the config's own batch, and the time to the target."""
+    lines = [f"{'':17}planned  measured  measured / planned   (RUN/plan.json)"]
+
+    def line(label: str, planned: float | None, measured: float | None, unit: str) -> None:
+        if planned is None or measured is None:
+            return
+        ratio = f"{measured / planned:.2f}" if planned > 0 else "n/a"
+        lines.append(f"{label:<17}{planned:>7.3g}  {measured:>8.3g}  {ratio:>8} {unit}")
+
+    configured = plan.get("configured") or {}
+    line("step", configured.get("step_s", plan.get("step_s")), measured_step_s(records), "s")
+    quality = plan.get("quality") or {}
+    reached = _last(records, "time_to_target_s")
+    hours = quality.get("hours")
+    line("time to target", hours * 3600 if hours else None, reached and reached[1], "s")
+    steps = quality.get("steps")
+    line("steps to target", steps, reached and float(reached[0]), "steps")
+    return lines if len(lines) > 1 else []
+
+
 def write_report(run_dir: Path, out: Path | None = None) -> tuple[Path, str]:
-    """Plot RUN/metrics.jsonl into `out` (default RUN/report.png); returns it and the summary."""
+    """Plot RUN/metrics.jsonl into `out` (default RUN/report.png); returns it and the summary,
+    with the plan beside what happened where the run dir holds one (RUN/plan.json)."""
     run = RunDir(run_dir)
     records = read_metrics(run.metrics)
     if not records:
         raise ValueError(f"{run.metrics} holds no metrics")
     path = plot_report(records, out or run.report, f"paperscale run: {run_dir.name}")
-    return path, summarize(records)
+    summary = summarize(records)
+    if run.plan.is_file():
+        try:
+            plan = json.loads(run.plan.read_text())
+        except ValueError as exc:
+            raise ValueError(f"{run.plan} is not a plan's JSON ({exc})") from None
+        summary = "\n".join([summary, *planned_against_measured(plan, records)])
+    return path, summary
 
 
 def write_report_or_warn(run_root: Path) -> None:

@@ -55,6 +55,7 @@ TOKENIZER = "spm.model"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 REPORT = "report.png"
+PLAN = "plan.json"  # `paperscale plan --json` of the run's config, for `report` to compare
 TENSORBOARD = "tb"
 PROFILE = "profile"
 WANDB = "wandb"
@@ -215,6 +216,10 @@ class RunDir:
     @property
     def report(self) -> Path:
         return self.root / REPORT
+
+    @property
+    def plan(self) -> Path:
+        return self.root / PLAN
 
     def profile(self, first_step: int, last_step: int) -> Path:
         """Where the profiler puts the steps first..last it recorded."""

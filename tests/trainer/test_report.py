@@ -70,3 +70,28 @@ def test_report_command_on_a_dir_without_metrics(
 ) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "has no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_the_plan_in_the_run_dir_is_set_beside_what_the_run_did(tmp_path: Path) -> None:
+    """RUN/plan.json (`paperscale plan --json`): its step at the config's own batch against the
+    median measured step of the run's second half (target tokens per step / per second), and
+    its time and steps to the target against the run's time_to_target_s."""
+    records = []
+    for step in range(1, 21):
+        per_s = 1000.0 if step <= 10 else 800.0  # the second half: 2000 / 800 = 2.5 s a step
+        records.append({"step": step, "loss": 3.0, "tgt_tokens_per_step": 2000.0,
+                        "tgt_tokens_per_s": per_s})  # fmt: skip
+    records[-1]["time_to_target_s"] = 60.0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    _, plain = write_report(tmp_path)
+    assert "planned" not in plain  # no plan in the run dir: the summary alone
+    plan = {"step_s": 9.9, "configured": {"step_s": 2.0}, "quality": {"hours": 0.02, "steps": 16}}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    _, summary = write_report(tmp_path)
+    rows = {line[:17].strip(): line[17:].split() for line in summary.splitlines()[-4:]}
+    assert rows["step"] == ["2", "2.5", "1.25", "s"]  # the configured batch's step, not 9.9
+    assert rows["time to target"] == ["72", "60", "0.83", "s"]
+    assert rows["steps to target"] == ["16", "20", "1.25", "steps"]
+    (tmp_path / "plan.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"plan\.json is not a plan's JSON"):
+        write_report(tmp_path)
