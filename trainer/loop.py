@@ -218,10 +218,10 @@ class Trainer:
         ask_grad_norm(self.engine, self.cfg, self.job.optim, self._log_due(self.state.step + 1))
         checks = self.mid_step.needed(self.checkpoints.expected_save_s(), len(micro))
         budget = self.budget.flags(self.state.step + 1)
-        flags = [self.stop_request.requested, clock_due, checks, *budget]
+        host = [self.stop_request.requested, clock_due, checks, *budget]
         began = time.perf_counter()
         result = train_step(
-            self.engine, micro, self.env, self.model_cfg.label_smoothing, flags,
+            self.engine, micro, self.env, self.model_cfg.label_smoothing, host,
             nonfinite_flag(self.step_sums, self.env.device), self.abandon,
             step_guards_update(self.cfg, self.job.optim), LoopFlags.CHECKS,
         )  # fmt: skip

@@ -156,7 +156,7 @@ class LoopGuard:
         self.stop_request.uninstall()
 
 
-RECENT_STEPS = 8  # the steps whose longest MidStepStop prices a step by (not the compiling first)
+RECENT_STEPS = 8  # MidStepStop prices a step by the longest of these (a compiling first drops out)
 
 
 class MidStepStop:
@@ -174,7 +174,6 @@ class MidStepStop:
     def __init__(self, stop: StopRequest, grace_s: float, margin_s: float, group: object) -> None:
         self.stop, self.grace_s, self.margin_s, self.group = stop, grace_s, margin_s, group
         self.recent: deque[float] = deque(maxlen=RECENT_STEPS)  # seconds of the last steps
-        self.checks = 0  # agreements made (the count the tests read)
 
     def step_took(self, seconds: float) -> None:
         self.recent.append(seconds)
@@ -195,7 +194,6 @@ class MidStepStop:
         late = self.stop.past(self.grace_s - save_s - self.margin_s)
         if world_size == 1:
             return late
-        self.checks += 1
         flag = torch.tensor([float(late)])
         dist.all_reduce(flag, group=self.group)  # type: ignore[arg-type]
         return bool(flag.item() > 0)

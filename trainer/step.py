@@ -71,8 +71,8 @@ def train_step(
     micro-batch i, before the last, `check` being the agreed host flag at index `checks`; it
     must agree across ranks) drops the step in flight before the optimizer update. Either way
     `completed` is False and the engine's weights and optimizer are those of the last finished
-    step. `guard`: the step keeps a non-finite loss from
-    updating (trainer/ds/config.py `step_guards_update`; false where DeepSpeed checks itself).
+    step. `guard`: the step keeps a non-finite loss from updating (trainer/ds/config.py
+    `step_guards_update`; false where DeepSpeed checks itself).
     """
     host = torch.tensor([sum(b.n_tgt_tokens for b in batches), *map(float, flags)])
     counts = host.to(env.device, torch.float64, non_blocking=True)
