@@ -207,7 +207,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan.update(target_from=target_from, speed_line=speed.line, speed_measured=speed.measured)
     plan["overlap_comm"] = job.train.overlap_comm
     if plan["recommended_stage"] is not None:
-        plan["configured"] = configured_batch(cfg, job, machine, plan, args)
+        plan["configured"] = configured_batch(cfg, job, machine, plan, args, speed)
         c = plan["configured"]
         plan["feed"] = feed_figures(
             c["tokens"], machine.world, c["step_s"], job.data.num_workers, not machine.on_cpu,
@@ -220,7 +220,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def configured_batch(
-    cfg: Any, job: Any, machine: Any, plan: dict[str, Any], args: argparse.Namespace
+    cfg: Any, job: Any, machine: Any, plan: dict[str, Any], args: argparse.Namespace, speed: Speed
 ) -> dict[str, Any]:
     """The config's own batch (data.max_tokens x train.grad_accum on the planned ranks, at its
     train.zero_stage): whether it fits and its step time, beside the recommendation."""
@@ -248,7 +248,9 @@ def configured_batch(
     tokens = micro * accum * machine.world
     step = step_time(cfg, machine, tokens, args.seq_len, checkpointing, args.fill, accum,
                      job.train.zero_stage)  # fmt: skip
+    timed = [s for m, a, s in speed.timed if (m, a) == (micro, accum)]
     return {
+        "timed": bool(timed),  # the calibration timed this very batch: its step is taken
         "micro_tokens": micro,
         "grad_accum": accum,
         "stage": job.train.zero_stage,
@@ -256,7 +258,7 @@ def configured_batch(
         "peak": peak,
         "fp32_sums": fp32_sums,
         "fits": peak <= machine.usable_bytes(),
-        "step_s": step["step_s"],
+        "step_s": timed[-1] if timed else step["step_s"],
     }
 
 

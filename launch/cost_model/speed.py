@@ -81,6 +81,8 @@ class Calibration:
     peak_flops: float | None  # the device's matmul peak at the precision, when known
     model: dict[str, int]  # the shapes it measured (the rate depends on them)
     memory_gib: float | None  # the GPU's memory, or the host's for a CPU (shared by its ranks)
+    # the steps it timed: (micro-batch tokens, micro-batches, seconds), its check's included
+    steps: tuple[tuple[int, int, float], ...] = ()
 
 
 def _number(raw: dict[str, Any], key: str, minimum: float, path: str) -> float:
@@ -126,7 +128,19 @@ def load_calibration(path: str | Path) -> Calibration:
         peak_flops=_number(raw, "peak_flops", 1.0, name) if peak is not None else None,
         model={k: int(v) for k, v in dict(raw.get("model") or {}).items()},
         memory_gib=_number(raw, "memory_gib", 0.0, name) if raw.get("memory_gib") else None,
+        steps=timed_steps(raw),
     )
+
+
+def timed_steps(raw: dict[str, Any]) -> tuple[tuple[int, int, float], ...]:
+    """A calibration file's timed steps (its points and its check at the config's batch)."""
+    found = [*(raw.get("points") or []), *([raw["check"]] if raw.get("check") else [])]
+    try:
+        return tuple(
+            (int(p["micro_tokens"]), int(p["grad_accum"]), float(p["step_s"])) for p in found
+        )
+    except (KeyError, TypeError, ValueError):
+        return ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +155,9 @@ class Speed:
     overhead_micro_s: float
     line: str
     device: str = "cuda"  # cpu for a calibrated CPU
+    # steps timed at given batches on the planned device and model (micro tokens, micro-batches,
+    # seconds): a plan of one of these batches takes the time measured, not the model's
+    timed: tuple[tuple[int, int, float], ...] = ()
 
     @property
     def rate(self) -> float:
@@ -168,7 +185,9 @@ def measured_speed(cal: Calibration, model: dict[str, int] | None = None) -> Spe
     if model is not None and cal.model and any(cal.model.get(k) != v for k, v in model.items()):
         line += f" (measured on d_model {cal.model.get('d_model')}: the rate depends on shapes)"
     rate, overheads = cal.flops_per_s, (cal.overhead_s, cal.overhead_micro_s)
-    return Speed(cal.device_name, True, peak, rate / peak, *overheads, line, cal.device)
+    same_model = model is None or all(cal.model.get(k) == v for k, v in model.items())
+    timed = cal.steps if same_model else ()
+    return Speed(cal.device_name, True, peak, rate / peak, *overheads, line, cal.device, timed)
 
 
 def assumed_speed(

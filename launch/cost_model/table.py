@@ -110,6 +110,7 @@ def _time_lines(plan: dict) -> list[str]:
             f"= {c['tokens']:,} tokens per side at ZeRO {c['stage']} ({fits}, peak "
             f"{c['peak'] / GIB:.1f} GiB{', gradients summed in fp32' if c['fp32_sums'] else ''})"
             f": step {c['step_s']:.3f} s"
+            + (" (timed at this batch by the calibration)" if c.get("timed") else "")
             + (
                 ""
                 if c["tokens"] == plan["tokens_per_step_per_side"]

@@ -90,14 +90,21 @@ def _plan(*args: str) -> subprocess.CompletedProcess:
 
 def test_plan_predicts_with_the_calibration(smoke: tuple[Path, dict, str]) -> None:
     """Two CPU ranks of the small model: the plan's step for the config's own batch (256 x 2
-    per rank) is the calibration's prediction for it, and the speed line says it was measured."""
+    per rank) is the one the calibration timed at that batch (its check), another batch's is
+    the model's prediction, and the speed line says it was measured."""
     path, cal, _ = smoke
     args = ["--gpus-per-node", "2", "--calibration", str(path), "--seq-len", "16", *SMOKE]
     proc = _plan(*args, "--json")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["speed_measured"] is True and plan["precision"] == cal["precision"]
-    assert plan["configured"]["step_s"] == pytest.approx(cal["check"]["predicted_s"], rel=1e-9)
+    assert plan["configured"]["timed"] is True
+    assert plan["configured"]["step_s"] == pytest.approx(cal["check"]["step_s"], rel=1e-9)
+    other = json.loads(_plan(*args, "train.grad_accum=3", "--json").stdout)["configured"]
+    assert other["timed"] is False and other["step_s"] > 0  # untimed: the model's
+    # a calibration of another model's shapes times nothing of this one
+    wide = json.loads(_plan(*args, "model.d_model=64", "model.d_ff=128", "--json").stdout)
+    assert wide["configured"]["timed"] is False
     assert plan["overhead_s"] == pytest.approx(
         cal["overhead_s"] + plan["grad_accum"] * cal["overhead_micro_s"]
     )
