@@ -182,9 +182,9 @@ class TokenBatchStream:
     def _closing_event(self) -> Any:
         if self._closing is None:
             self._closing = worker_context().Event()
-            # at exit, before multiprocessing ends workers with TERM; by a weak reference, so
-            # that a stream done with (each validation pass's) is not kept until the exit
+            # closed at exit before multiprocessing TERMs the workers; freed unclosed: they end
             atexit.register(_close_at_exit, weakref.ref(self))
+            weakref.finalize(self, self._closing.set)
         return self._closing
 
     # -- iteration ---------------------------------------------------------------------------

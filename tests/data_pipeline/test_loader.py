@@ -274,6 +274,20 @@ def test_batches_received_ahead_count_only_once_handed_out(prepared: Path) -> No
     assert got[0][1] == got[8][1]
 
 
+def test_a_stream_freed_without_close_lets_its_workers_end(prepared: Path) -> None:
+    """Its workers take TERM only once the stream's closing event is set (at close(), or at
+    exit for a stream still alive): a stream freed unclosed sets it too, or the process would
+    wait for them forever at its exit."""
+    s = TokenBatchStream(prepared, "train", data_cfg(), rank=0, world_size=1)
+    it = iter(s)
+    next(it)
+    closing = s._closing
+    assert closing is not None and not closing.is_set()
+    del it, s
+    gc.collect()
+    assert closing.is_set()
+
+
 @pytest.mark.parametrize("workers,k,prefetch", [(2, 7, 4), (2, 7, 0), (0, 12, 4)])
 def test_resume_is_exact(prepared: Path, workers: int, k: int, prefetch: int) -> None:
     cfg = data_cfg(num_workers=workers, prefetch=prefetch)
