@@ -210,17 +210,11 @@ def node(
     job = load_config(run.config, [f"run.dir={run_dir}"])
     endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     command = torchrun_command(
-        sys.executable,
-        run_dir,
-        nnodes,
-        nproc_per_node,
-        endpoint,
-        rdzv_id=f"{ctx['job_id']}-{ctx['restart']}-{attempt_try}",
-        is_host=ctx["node_id"] == "0",
-        grace_s=job.train.stop_grace_s,
-        max_restarts=job.train.max_restarts,
+        sys.executable, run_dir, nnodes, nproc_per_node, endpoint,
+        rdzv_id=f"{ctx['job_id']}-{ctx['restart']}-{attempt_try}", is_host=ctx["node_id"] == "0",
+        grace_s=job.train.stop_grace_s, max_restarts=job.train.max_restarts,
         numa_binding=numa_binding,
-    )
+    )  # fmt: skip
     print(
         f"paperscale: node {socket.gethostname()} (node {ctx['node_id']} of {nnodes}): "
         f"torchrun with {nproc_per_node} ranks, rendezvous at {endpoint}",

@@ -306,7 +306,8 @@ def test_every_command_passes_its_size_and_the_rows_file() -> None:
 def test_a_bench_by_name_takes_known_keywords_only(capsys: pytest.CaptureFixture[str]) -> None:
     """`python -m bench NAME key=value`: an unknown name or keyword is one line and exit 2."""
     assert bench_main.main(["nonesuch"]) == 2
-    assert "no bench 'nonesuch' here; known: attention, attention_gpu" in capsys.readouterr().err
+    known = "no bench 'nonesuch' here; known: accum_dtype, attention, attention_gpu"
+    assert known in capsys.readouterr().err
     assert bench_main.main(["attention", "--smoke", "lengths=3"]) == 2
     assert "attention takes key=value with a key in ['config', 'smoke']: lengths=3" in (
         capsys.readouterr().err

@@ -53,7 +53,9 @@ def test_runs_idle_loaded_and_deterministic_give_the_same_losses(
     assert len(reference) == STEPS
     assert_same_decisions(loaded, idle)
     assert losses(loaded) == reference  # bitwise
-    assert set(decided(idle)) == {"device", "precision", "attention", "compile", "num_workers"}
+    assert set(decided(idle)) == {
+        "device", "precision", "attention", "grad_accum_dtype", "compile", "num_workers"
+    }  # fmt: skip
 
 
 def test_one_rank_on_two_threads_idle_and_loaded_gives_the_same_losses(

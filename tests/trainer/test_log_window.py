@@ -22,6 +22,9 @@ def test_a_window_sums_steps_by_name_and_starts_again(rank_env: DistEnv) -> None
 
 
 def test_the_agreed_flags_by_name() -> None:
-    flags = LoopFlags.of([True, False, False, True, True])
-    assert flags == LoopFlags(stop=True, save_due=False, budget=[False, True], prev_nonfinite=True)
-    assert LoopFlags.of([False, True, False]).budget == []
+    flags = LoopFlags.of([True, False, True, False, True, True])
+    assert flags == LoopFlags(
+        stop=True, save_due=False, checks=True, budget=[False, True], prev_nonfinite=True
+    )
+    assert LoopFlags.of([False, True, False, False]).budget == []
+    assert LoopFlags.of([False, False, True, False])[LoopFlags.CHECKS] is True
