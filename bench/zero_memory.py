@@ -133,7 +133,7 @@ def predicted_bytes(
     """launch.cost_model.plan's resident model states plus module buffers for this rank, with
     the run's buckets (train.bucket_elements, train.overlap_comm) and gradient sums' dtype."""
     buckets = ds_buckets(train)
-    fp32_sums = ds_config.accumulation_dtype(train) == "fp32"
+    fp32_sums = ds_config.fp32_sums(train)
     persistent = persistent_numel(model_cfg, buckets.persistence_threshold) if stage == 3 else 0
     n_params = count_parameters(model_cfg)["total"]
     states = model_state_bytes(n_params, stage, world, precision, buckets, persistent, fp32_sums)

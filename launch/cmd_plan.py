@@ -226,15 +226,14 @@ def configured_batch(
     train.zero_stage): whether it fits and its step time, beside the recommendation."""
     from launch.cost_model.activations import activation_bytes
     from launch.cost_model.plan import model_state_bytes, step_time
-    from trainer.autos import accumulation_choice
+    from trainer.autos import sums_in_fp32
 
     stage = plan["stages"][job.train.zero_stage]
     micro, accum = job.data.max_tokens, job.train.grad_accum
     checkpointing = job.train.activation_checkpointing
-    sums = job.train.grad_accum_dtype
-    if sums == "auto":
-        sums = accumulation_choice(plan["precision"], accum, job.train.zero_stage)[0]
-    fp32_sums = sums == "fp32" and plan["precision"] == "bf16" and job.train.zero_stage > 0
+    fp32_sums = sums_in_fp32(
+        job.train.grad_accum_dtype, plan["precision"], accum, job.train.zero_stage
+    )
     n, world = int(plan["params"]["total"]), machine.world
     grads = {
         fp32: model_state_bytes(n, job.train.zero_stage, world, plan["precision"], None, 0, fp32)

@@ -203,6 +203,16 @@ def accumulation_choice(precision: str, grad_accum: int, zero_stage: int) -> tup
     return "fp32", f"{grad_accum} micro-batches per step summed in fp32, not in bf16's 8 bits"
 
 
+def sums_in_fp32(requested: str, precision: str, grad_accum: int, zero_stage: int) -> bool:
+    """Whether DeepSpeed sums the gradients in fp32 under bf16 for train.grad_accum_dtype
+    `requested` (`auto`: accumulation_choice's rule); the one place the engine's config, the
+    plan and the benches read it from."""
+    dtype = requested
+    if requested == "auto":
+        dtype = accumulation_choice(precision, grad_accum, zero_stage)[0]
+    return dtype == "fp32" and precision == "bf16" and zero_stage > 0
+
+
 def decide_accumulation(
     train: Mapping[str, Any], recorded: Decision | None, began: bool, precision: str
 ) -> Decision:

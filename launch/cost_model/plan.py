@@ -266,8 +266,9 @@ def stage_plan(
     are `choose_batch`'s for the target. `sums` is train.grad_accum_dtype: `auto` sums in fp32
     under bf16 where the batch chosen accumulates (trainer/autos.py), and is planned so.
     """
-    buckets = buckets or machine.buckets or ds_buckets()
-    n_params = count_parameters(cfg)["total"]
+    from trainer.autos import sums_in_fp32  # the engine's own rule (not at import: plan --help)
+
+    buckets, n_params = buckets or machine.buckets or ds_buckets(), count_parameters(cfg)["total"]
     persistent = persistent_numel(cfg, buckets.persistence_threshold) if stage == 3 else 0
     chunking = machine.loss_chunking()
 
@@ -284,18 +285,16 @@ def stage_plan(
         micro, accum = choose_batch(fit, target_tokens, machine.world, tolerance) if fit else (0, 0)
         return states, fit, micro, accum
 
-    fp32_sums = sums == "fp32"
+    fp32_sums = sums_in_fp32(sums, precision, 1, stage)  # `auto`: as if nothing accumulates
     states, fit, micro, accum = fitted(fp32_sums)
-    if sums == "auto" and accum > 1 and precision == "bf16" and stage > 0:
+    if not fp32_sums and sums_in_fp32(sums, precision, accum, stage):  # the batch accumulates
         fp32_sums = True
         states, fit, micro, accum = fitted(fp32_sums)
     out: dict[str, float | int | bool] = {"stage": stage, **states}
-    out["fits"] = fit > 0
-    out["max_micro_tokens"] = fit
-    out["micro_tokens"] = micro
+    out.update(fits=fit > 0, max_micro_tokens=fit, micro_tokens=micro)
     out["activations"] = activation_bytes(cfg, micro, precision, checkpointing, compiled, chunking)
     out["grad_accum"] = accum
-    out["fp32_sums"] = fp32_sums and precision == "bf16" and stage > 0
+    out["fp32_sums"] = fp32_sums
     out["peak"] = states["total"] + out["activations"]
     return out
 

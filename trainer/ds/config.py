@@ -53,14 +53,12 @@ def compute_grad_norm_for(engine: Any, on: bool) -> bool:
     return True
 
 
-def accumulation_dtype(train: TrainConfig) -> str:
-    """The dtype gradients are summed in: the run's decision, or for an engine built without
-    one (benches, calibration) what `auto` decides for its config (trainer/autos.py)."""
-    if train.grad_accum_dtype != "auto":
-        return train.grad_accum_dtype
-    from trainer.autos import accumulation_choice
+def fp32_sums(train: TrainConfig) -> bool:
+    """Whether the engine sums bf16 gradients in fp32: the run's decision, or for an engine
+    built without one (benches, calibration) what `auto` decides for its config."""
+    from trainer.autos import sums_in_fp32
 
-    return accumulation_choice(train.precision, train.grad_accum, train.zero_stage)[0]
+    return sums_in_fp32(train.grad_accum_dtype, train.precision, train.grad_accum, train.zero_stage)
 
 
 def build_ds_config(
@@ -99,12 +97,12 @@ def build_ds_config(
     # DeepSpeed's throughput timer synchronises the device in every forward and step (two
     # syncs per micro-batch on a GPU); the trainer measures its own throughput without one.
     config["timers"] = {"throughput": {"enabled": False, "synchronized": False}}
-    fp32_sums = accumulation_dtype(train) == "fp32" and train.precision == "bf16"
-    if fp32_sums:  # ZeRO 1: DeepSpeed's BF16_Optimizer (fp32 gradients); 2, 3: fp32 partitions
+    summed_fp32 = fp32_sums(train)
+    if summed_fp32:  # ZeRO 1: DeepSpeed's BF16_Optimizer (fp32 gradients); 2, 3: fp32 partitions
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     # no norm kernels (nor, in fp32, the check of the norm on the host); BF16_Optimizer always
     # computes it (DeepSpeed refuses it off there)
-    if not optim.grad_norm and not (fp32_sums and train.zero_stage == 1):
+    if not optim.grad_norm and not (summed_fp32 and train.zero_stage == 1):
         zero["compute_grad_norm"] = False
     if load_universal:  # resuming a checkpoint saved on another number of ranks
         config["checkpoint"] = {"load_universal": True}
