@@ -226,7 +226,7 @@ def configured_batch(
     train.zero_stage): whether it fits and its step time, beside the recommendation."""
     from launch.cost_model.activations import activation_bytes
     from launch.cost_model.plan import model_state_bytes, step_time
-    from trainer.autos import sums_in_fp32
+    from trainer.config import sums_in_fp32
 
     stage = plan["stages"][job.train.zero_stage]
     micro, accum = job.data.max_tokens, job.train.grad_accum

@@ -6,7 +6,8 @@
 - `train.attention`: trainer/kernels.py's rule, from the device and the precision.
 - `train.compile`: `layers` on a GPU, `false` on a CPU (compile_choice), from the device.
 - `train.grad_accum_dtype`: fp32 under bf16 where a step sums several micro-batches at ZeRO 1-3,
-  else the precision's (accumulation_choice), from the config and the precision.
+  else the precision's (trainer/config.py accumulation_choice), from the config and the
+  precision.
 - `data.num_workers`: 1 on a CPU; on a GPU one per spare core of each rank, at most 2
   (data_pipeline/config.py's workers_for), from the device, the cores and the ranks per node.
   It deals the data (a worker is a slot of the order), so it is kept even where the run moves.
@@ -33,8 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from data_pipeline.config import host_workers
-from trainer.config import accumulation_problem, compile_scope
-from trainer.kernels import resolve_attention
+from trainer.config import accumulation_choice, accumulation_problem, compile_scope
 from trainer.precision import PrecisionChoice, machine_choice, resolve_precision, runs_on
 
 RECORD_VERSION = 1
@@ -155,6 +155,8 @@ def decide_attention(
     it was decided on (the caller passes no record otherwise)."""
 
     def fresh() -> tuple[str, str]:
+        from trainer.kernels import resolve_attention  # imports torch: `status` reads records only
+
         choice = resolve_attention("auto", device_type, precision)
         return choice.name, choice.reason
 
@@ -189,28 +191,6 @@ def decide_workers(
         return str(n), reason
 
     return keep_or_decide(requested, recorded, fresh)
-
-
-def accumulation_choice(precision: str, grad_accum: int, zero_stage: int) -> tuple[str, str]:
-    """`train.grad_accum_dtype: auto`: fp32 under bf16 where a step sums several micro-batches'
-    gradients and DeepSpeed can (ZeRO 1-3); otherwise the precision's own dtype."""
-    if precision != "bf16":
-        return precision, f"{precision} training sums its gradients in {precision}"
-    if grad_accum < 2:
-        return "bf16", "one micro-batch per step (train.grad_accum=1): nothing is summed"
-    if zero_stage == 0:
-        return "bf16", "ZeRO 0, where DeepSpeed sums gradients in the model's dtype"
-    return "fp32", f"{grad_accum} micro-batches per step summed in fp32, not in bf16's 8 bits"
-
-
-def sums_in_fp32(requested: str, precision: str, grad_accum: int, zero_stage: int) -> bool:
-    """Whether DeepSpeed sums the gradients in fp32 under bf16 for train.grad_accum_dtype
-    `requested` (`auto`: accumulation_choice's rule); the one place the engine's config, the
-    plan and the benches read it from."""
-    dtype = requested
-    if requested == "auto":
-        dtype = accumulation_choice(precision, grad_accum, zero_stage)[0]
-    return dtype == "fp32" and precision == "bf16" and zero_stage > 0
 
 
 def decide_accumulation(

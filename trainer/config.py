@@ -104,6 +104,28 @@ def accumulation_problem(dtype: str, precision: str, zero_stage: int) -> str:
     return ""
 
 
+def accumulation_choice(precision: str, grad_accum: int, zero_stage: int) -> tuple[str, str]:
+    """`train.grad_accum_dtype: auto`: fp32 under bf16 where a step sums several micro-batches'
+    gradients and DeepSpeed can (ZeRO 1-3); otherwise the precision's own dtype."""
+    if precision != "bf16":
+        return precision, f"{precision} training sums its gradients in {precision}"
+    if grad_accum < 2:
+        return "bf16", "one micro-batch per step (train.grad_accum=1): nothing is summed"
+    if zero_stage == 0:
+        return "bf16", "ZeRO 0, where DeepSpeed sums gradients in the model's dtype"
+    return "fp32", f"{grad_accum} micro-batches per step summed in fp32, not in bf16's 8 bits"
+
+
+def sums_in_fp32(requested: str, precision: str, grad_accum: int, zero_stage: int) -> bool:
+    """Whether DeepSpeed sums the gradients in fp32 under bf16 for train.grad_accum_dtype
+    `requested` (`auto`: accumulation_choice's rule); the one place the engine's config, the
+    plan and the benches read it from."""
+    dtype = requested
+    if requested == "auto":
+        dtype = accumulation_choice(precision, grad_accum, zero_stage)[0]
+    return dtype == "fp32" and precision == "bf16" and zero_stage > 0
+
+
 @dataclass
 class TrainConfig:
     """The loop: how long, how often to evaluate, log and save, and the DeepSpeed engine's mode."""

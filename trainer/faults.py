@@ -20,6 +20,11 @@ named by `PAPERSCALE_FAULT_RANK` (default 0):
                                         slow enough for a signal from outside to find it
                                         still training); 6:1.5:20 up to step 19 only
   PAPERSCALE_FAULT_SKIP_SPACE_CHECK=1   save without the free-space check (to fill a disk)
+
+One acts on a node of a Slurm job instead (launch/slurm/rendezvous.py):
+
+  PAPERSCALE_FAULT_ABSENT_NODE=1        the task of node 1 never starts torchrun (a node that
+                                        never joins the rendezvous)
 """
 
 from __future__ import annotations

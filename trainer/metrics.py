@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+if TYPE_CHECKING:  # torch only where a device is measured: `paperscale status` reads metrics
+    import torch
 
 Warn = Callable[[str], None]
 
@@ -50,6 +51,8 @@ def memory_metrics(device: torch.device) -> dict[str, float]:
     """Host RSS, plus allocated and reserved GPU memory when training on CUDA (GiB)."""
     out = {"mem_rss_gb": host_rss_gb()}
     if device.type == "cuda":
+        import torch
+
         out["mem_gpu_alloc_gb"] = torch.cuda.memory_allocated(device) / 2**30
         out["mem_gpu_reserved_gb"] = torch.cuda.memory_reserved(device) / 2**30
         out["mem_gpu_peak_gb"] = torch.cuda.max_memory_allocated(device) / 2**30

@@ -277,6 +277,11 @@ class RunDir:
         of restart `restart` of job `job_id` (launch/slurm/rendezvous.py)."""
         return self.logs / f"startup-failed-{job_id}.{restart}.{attempt_try}-node{node_id}.txt"
 
+    def node_arrival(self, job_id: str, restart: str, attempt_try: int, node_id: str) -> Path:
+        """Written by node `node_id`'s task when it reached the rendezvous of that try (its
+        host name); a node without one never joined (launch/slurm/rendezvous.py)."""
+        return self.logs / f"arrived-{job_id}.{restart}.{attempt_try}-node{node_id}.txt"
+
     def startup_failures(self, job_id: str, restart: str, attempt_try: int) -> list[Path]:
         return sorted(self.logs.glob(f"startup-failed-{job_id}.{restart}.{attempt_try}-node*.txt"))
 

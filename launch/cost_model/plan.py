@@ -266,7 +266,7 @@ def stage_plan(
     are `choose_batch`'s for the target. `sums` is train.grad_accum_dtype: `auto` sums in fp32
     under bf16 where the batch chosen accumulates (trainer/autos.py), and is planned so.
     """
-    from trainer.autos import sums_in_fp32  # the engine's own rule (not at import: plan --help)
+    from trainer.config import sums_in_fp32  # the engine's own rule
 
     buckets, n_params = buckets or machine.buckets or ds_buckets(), count_parameters(cfg)["total"]
     persistent = persistent_numel(cfg, buckets.persistence_threshold) if stage == 3 else 0

@@ -25,16 +25,15 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # Slurm's D-HH:MM:SS and its shorter forms
 
 
-def numa_binding_modes() -> list[str]:
-    """The modes of torchrun's --numa-binding in the installed torch."""
-    from torch.numa.binding import AffinityMode
-
-    return [mode.value for mode in AffinityMode]
+# The modes of torchrun's --numa-binding in the pinned torch (torch.numa.binding.AffinityMode,
+# checked by tests/launch/test_slurm_script.py), named here so that checking a profile does not
+# import torch.
+NUMA_BINDING_MODES = ("node", "socket", "exclusive", "core-complex")
 
 
 def numa_binding_problem(profile: ClusterProfile) -> str:
     """Why the profile's numa_binding cannot be used ('' when it can)."""
-    modes = numa_binding_modes()
+    modes = NUMA_BINDING_MODES
     if profile.numa_binding not in modes:
         return f"must be one of {', '.join(modes)} or null, got {profile.numa_binding!r}"
     if profile.gpus_per_node < 1:

@@ -9,7 +9,9 @@ the allocation, whose workers run `paperscale train`. SIGUSR1 and SIGTERM go on 
 
 `port` and `startup-failed` (batch shell): the rendezvous port of each try, and whether a try
 failed before any rank started, so that it is tried again on a new port
-(launch/slurm/rendezvous.py).
+(launch/slurm/rendezvous.py); a try where a node never joined (its task never reached
+torchrun within train.dist_timeout_s) is not tried again: the step fails naming the node, and
+the job's ending requeues it while the profile's max_requeues allows.
 
 `outcome` (batch shell, after the tasks ended): exits with the run's exit code as its
 summary.json tells it (torchrun's workers themselves exit 0): 75 when the ranks saved a
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -103,11 +106,14 @@ def torchrun_command(
     grace_s: float = 30.0,
     max_restarts: int = 0,
     numa_binding: str | None = None,
+    join_timeout_s: float = 600.0,
 ) -> list[str]:
     """torchrun for one node of a multi-node job. The first node hosts the rendezvous store
     (`is_host` is given, not guessed from host names, which may differ from the node list's).
     On TERM torchrun gives its ranks `grace_s` (train.stop_grace_s) to save before killing.
-    `numa_binding`: the profile's mode of torchrun's --numa-binding (None: unbound)."""
+    `numa_binding`: the profile's mode of torchrun's --numa-binding (None: unbound).
+    `join_timeout_s` (train.dist_timeout_s): how long the rendezvous waits for every node
+    before it fails (torchrun's own default is 600 s)."""
     return [
         python,
         "-m",
@@ -117,7 +123,7 @@ def torchrun_command(
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={endpoint}",
         f"--rdzv_id={rdzv_id}",
-        f"--rdzv_conf=is_host={int(is_host)}",
+        f"--rdzv_conf=is_host={int(is_host)},join_timeout={math.ceil(join_timeout_s)}",
         *([f"--numa-binding={numa_binding}"] if numa_binding else []),
         *train_args(RunDir(run_dir).config, run_dir, grace_s, max_restarts),
     ]
@@ -203,7 +209,7 @@ def node(
 ) -> int:  # fmt: skip
     from launch.config import load_config
     from launch.local import child_env, use_cuda
-    from launch.slurm.rendezvous import first_error, record_startup_failure
+    from launch.slurm.rendezvous import arrive, first_error, record_startup_failure
 
     ctx = slurm_context()
     run = RunDir(run_dir)
@@ -213,7 +219,7 @@ def node(
         sys.executable, run_dir, nnodes, nproc_per_node, endpoint,
         rdzv_id=f"{ctx['job_id']}-{ctx['restart']}-{attempt_try}", is_host=ctx["node_id"] == "0",
         grace_s=job.train.stop_grace_s, max_restarts=job.train.max_restarts,
-        numa_binding=numa_binding,
+        numa_binding=numa_binding, join_timeout_s=job.train.dist_timeout_s,
     )  # fmt: skip
     print(
         f"paperscale: node {socket.gethostname()} (node {ctx['node_id']} of {nnodes}): "
@@ -231,6 +237,8 @@ def node(
             print(f"paperscale: error: node {this_node}: {exc}", file=sys.stderr, flush=True)
             return 2
         print(f"paperscale: node {this_node}: {line}", flush=True)
+    if not arrive(run, ctx, attempt_try, received):
+        return 1
     lock = None
     if ctx["node_id"] == "0":  # the first node's task holds the run dir for the whole step
         from trainer.run_lock import HOLDER_ENV, RunLock, RunLocked
@@ -265,14 +273,24 @@ def port(attempt_try: int, fixed_port: int) -> int:
 def startup_failed(run_dir: Path, attempt_try: int) -> int:
     """Exit 0 (try again) when try `attempt_try` failed before any rank started and tries are
     left; else 1. Says which in one line when the start failed."""
-    from launch.slurm.rendezvous import TRIES, startup_failure_line
+    from launch.config import load_config
+    from launch.slurm.rendezvous import TRIES, absent_nodes, startup_failure_line
 
     ctx = slurm_context()
+    run = RunDir(run_dir)
     endpoint = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    multinode = int(os.environ.get("SLURM_JOB_NUM_NODES") or 1) > 1  # else node 0 hosts alone
+    absent = absent_nodes(run, ctx, attempt_try, job_nodes(ctx["nodes"])) if multinode else []
+    if absent:  # a node that never came would not come on a new port either: no more tries
+        timeout = load_config(run.config, [f"run.dir={run_dir}"]).train.dist_timeout_s
+        print(
+            f"paperscale: error: node {', '.join(absent)} never joined the rendezvous at "
+            f"{endpoint} within {timeout:g} s (train.dist_timeout_s); the step fails",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        return 1
     retry = attempt_try < TRIES
-    line = startup_failure_line(
-        RunDir(run_dir), ctx["job_id"], ctx["restart"], attempt_try, endpoint, retry
-    )
+    line = startup_failure_line(run, ctx["job_id"], ctx["restart"], attempt_try, endpoint, retry)
     if line is None:
         return 1
     print(line, file=sys.stderr, flush=True)

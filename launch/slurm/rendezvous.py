@@ -8,19 +8,29 @@ program can make the job fail. A port taken in the instant between that choice a
 bind (or any other failure before a rank starts) fails that try only: each node task whose
 torchrun ended before starting a rank records why (`record_startup_failure`), and the batch
 shell tries again on a new port, `TRIES` times in all, saying why in one line each time.
+
+A node that never joins is another matter: each node task notes its arrival before it starts
+torchrun (`arrive`), the rendezvous waits train.dist_timeout_s for all of them (torchrun's
+join_timeout), and when it fails the batch shell names the nodes that never arrived
+(`absent_nodes`) and tries no more ports.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import socket
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from trainer.run_dir import RunDir
 
 TRIES = 3  # srun steps per job attempt before a failing start ends the job
+# Fault tests: the task of this node id (SLURM_NODEID, not 0) never starts torchrun, as a node
+# that never joins; it waits until a signal (srun ending the step) ends it.
+ABSENT_FAULT = "PAPERSCALE_FAULT_ABSENT_NODE"
 
 # The last line of a Python traceback: `pkg.mod.SomeError: message`.
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
@@ -110,3 +120,27 @@ def startup_failure_line(
     if retry:
         return f"{head}: trying again on a new port (try {attempt_try + 1} of {TRIES})"
     return f"{head}: giving up after {attempt_try} tries"
+
+
+def arrive(run: RunDir, ctx: dict[str, str], attempt_try: int, received: list[int]) -> bool:
+    """Note that this node's task reached the rendezvous (its torchrun starts next); `ctx` is
+    launch/slurm/job.py's slurm_context. False under ABSENT_FAULT: the task then waits, as a
+    node that never joins, until a signal comes (`received`, see job.record_stop_signals)."""
+    if ctx["node_id"] != "0" and os.environ.get(ABSENT_FAULT) == ctx["node_id"]:
+        while not received:
+            time.sleep(0.1)
+        return False
+    path = run.node_arrival(ctx["job_id"], ctx["restart"], attempt_try, ctx["node_id"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(socket.gethostname() + "\n")
+    return True
+
+
+def absent_nodes(run: RunDir, ctx: dict[str, str], attempt_try: int, nodes: list[str]) -> list[str]:
+    """The nodes of the job (`nodes`, in node-id order) whose task never noted its arrival in
+    try `attempt_try`: `name (node i)` each."""
+    return [
+        f"{name} (node {i})"
+        for i, name in enumerate(nodes)
+        if not run.node_arrival(ctx["job_id"], ctx["restart"], attempt_try, str(i)).exists()
+    ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -402,3 +404,24 @@ def saved_and_predicted(
         predicted = tokens * per_token_bytes(cfg) + 2 * vocab * d
     predicted += projection_copy_bytes(cfg)
     return sum(saved.values()), float(predicted)
+
+
+def test_plan_answers_without_importing_torch() -> None:
+    """`plan` is arithmetic over the config: it never imports torch (2-3 s of a CPU's time at
+    every call), whatever the config asks (bf16 with accumulated, fp32-summed gradients)."""
+    code = (
+        "import sys\n"
+        "from launch.cli import main\n"
+        "sys.argv = ['paperscale', 'plan', '--config', 'configs/big_8gpu.yaml', '--gpu', 'h100',"
+        " '--json', 'train.precision=bf16', 'train.grad_accum=4', 'train.zero_stage=1']\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert "torch imported: False" in proc.stderr, proc.stderr[-2000:]
+    configured = json.loads(proc.stdout)["configured"]
+    assert configured["grad_accum"] == 4 and configured["fp32_sums"] is True

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launch.config import ConfigError
-from launch.slurm.cluster import ClusterProfile, load_profile
+from launch.slurm.cluster import NUMA_BINDING_MODES, ClusterProfile, load_profile
 from launch.slurm.job import torchrun_command
 from launch.slurm.script import batch_script
 from launch.status import format_status, run_status
@@ -75,7 +75,11 @@ def test_torchrun_uses_c10d_rendezvous_hosted_by_the_first_node() -> None:
         assert cmd[cmd.index("launch.cli") :] == [
             "launch.cli", "train", "--config", "/r/config.yaml", "run.dir=/r",
         ]  # fmt: skip
-    assert "--rdzv_conf=is_host=1" in first and "--rdzv_conf=is_host=0" in other
+    assert "--rdzv_conf=is_host=1,join_timeout=600" in first
+    assert "--rdzv_conf=is_host=0,join_timeout=600" in other
+    # the rendezvous waits train.dist_timeout_s for every node (whole seconds, rounded up)
+    short = torchrun_command("py", Path("/r"), 2, 8, "n1:1", "7", True, join_timeout_s=12.5)
+    assert "--rdzv_conf=is_host=1,join_timeout=13" in short
 
 
 def test_ranks_are_bound_near_their_gpu_where_the_profile_asks() -> None:
@@ -99,6 +103,10 @@ def test_ranks_are_bound_near_their_gpu_where_the_profile_asks() -> None:
         [sys.executable, "-m", "torch.distributed.run", "--help"], capture_output=True, text=True
     ).stdout
     assert "--numa-binding" in out and "node" in out
+    # the modes a profile may name are the pinned torch's, all of them
+    from torch.numa.binding import AffinityMode
+
+    assert set(NUMA_BINDING_MODES) == {mode.value for mode in AffinityMode}
 
 
 def test_signal_requeue_and_log_lines(tmp_path: Path) -> None:

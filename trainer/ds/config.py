@@ -56,7 +56,7 @@ def compute_grad_norm_for(engine: Any, on: bool) -> bool:
 def fp32_sums(train: TrainConfig) -> bool:
     """Whether the engine sums bf16 gradients in fp32: the run's decision, or for an engine
     built without one (benches, calibration) what `auto` decides for its config."""
-    from trainer.autos import sums_in_fp32
+    from trainer.config import sums_in_fp32
 
     return sums_in_fp32(train.grad_accum_dtype, train.precision, train.grad_accum, train.zero_stage)
 

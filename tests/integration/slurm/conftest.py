@@ -100,3 +100,21 @@ def submit(
 def submitted_job(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return str(json.loads(proc.stdout.splitlines()[-1])["job_id"])
+
+
+def release_when_pending(cluster: LocalSlurm, job_id: str, log: Path) -> None:
+    """A requeued job waits ~2 minutes for its BeginTime: start it as soon as the node is free
+    (not within the second of the requeue: "Job credential revoked")."""
+    wait_for(
+        cluster,
+        job_id,
+        lambda f: (f.get("Restarts") == "1" and f.get("JobState") == "PENDING") or finished(f),
+        300,
+        "requeued",
+        log,
+    )
+    cluster.wait_idle(300)
+    time.sleep(3)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env(), timeout=60
+    )

@@ -22,6 +22,7 @@ from tests.integration.slurm.conftest import (
     finished,
     job_fields,
     job_id_port,
+    release_when_pending,
     submit,
     submitted_job,
     wait_for,
@@ -306,24 +307,6 @@ def wait_for_steps(cluster: LocalSlurm, job_id: str, run_dir: Path, n: int) -> N
         assert not finished(job_fields(cluster, job_id)), log.read_text()[-3000:]
         assert time.monotonic() < deadline, "training did not start"
         time.sleep(0.2)
-
-
-def release_when_pending(cluster: LocalSlurm, job_id: str, log: Path) -> None:
-    """A requeued job waits ~2 minutes for its BeginTime: start it as soon as the node is free
-    (not within the second of the requeue: "Job credential revoked")."""
-    wait_for(
-        cluster,
-        job_id,
-        lambda f: (f.get("Restarts") == "1" and f.get("JobState") == "PENDING") or finished(f),
-        300,
-        "requeued",
-        log,
-    )
-    cluster.wait_idle(300)
-    time.sleep(3)
-    subprocess.run(
-        ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env(), timeout=60
-    )
 
 
 @pytest.mark.timeout(1200)
