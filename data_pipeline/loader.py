@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import multiprocessing as mp
 import os
 import weakref
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ from data_pipeline.position import Counters, WorkerPosition, progress_from_json,
 from data_pipeline.producer import ProducerContext, WorkerDataset, produce
 from data_pipeline.read_ahead import ReadAhead
 from data_pipeline.resume import READABLE_VERSIONS, STATE_VERSION, merge_states
+from data_pipeline.worker_server import worker_context
 from data_pipeline.worker_signals import ignore_stop_signals, stop_signals_held
 
 log = logging.getLogger(__name__)
@@ -48,21 +48,6 @@ log = logging.getLogger(__name__)
 SLOW_WINDOW_ENV = "PAPERSCALE_FAULT_SLOW_WINDOW_S"
 DEFAULT_WINDOW = 1000  # window (samples) for bucketing when cfg.shuffle_buffer == 0
 RECEIVER_JOIN_S = 10.0  # how long close() waits for a receiver thread (it takes milliseconds)
-# Loader workers are not forked from their rank: a fork while another of its threads (gloo,
-# DeepSpeed, metric sinks) holds CPython's thread-state lock hangs the child on CPython <= 3.11.7
-# (gh-112275). They fork from a fork server each rank starts once, which has imported torch and the
-# producer (data_pipeline/worker_start.py): a worker starts in milliseconds, not seconds.
-WORKER_START = "forkserver"
-WORKER_PRELOAD = ["data_pipeline.worker_start"]
-
-
-def worker_context() -> Any:
-    """The multiprocessing context of the loader workers (the fork server's preload set)."""
-    ctx = mp.get_context(WORKER_START)
-    ctx.set_forkserver_preload(WORKER_PRELOAD)
-    return ctx
-
-
 __all__ = ["Batch", "TokenBatchStream", "read_manifest"]
 
 

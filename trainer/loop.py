@@ -19,6 +19,7 @@ import torch
 
 from data_pipeline.loader import Batch, TokenBatchStream
 from data_pipeline.manifest import tokenizer_path
+from data_pipeline.worker_server import start_early
 from trainer import attempts
 from trainer.budget import Budget
 from trainer.checkpoint.disk import CheckpointError
@@ -69,6 +70,7 @@ def train(job: Any, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the job in this process; every rank calls this. Returns the summary.
     Each call is one attempt of the run (trainer/attempts.py): a crash loop stops here."""
     stop_request = StopRequest().install()  # first: a stop signal during start-up counts too
+    start_early(job.data.num_workers)  # the loader's fork server, while this is one thread
     if job.train.deterministic:
         make_deterministic()  # before any CUDA work
     env = init_distributed(job.train.device, job.train.dist_timeout_s)
@@ -380,8 +382,7 @@ class Trainer:
             export_checkpoint(source, self.run.model, tokenizer_path(self.data_dir))
         torch.distributed.barrier()
         self.logger.close()
-        # a stop is short of time: `paperscale report RUN` draws it later
-        if env.is_main and not self.stopping and self.job.logging.report:
+        if env.is_main and not self.stopping and self.job.logging.report:  # a stop: report later
             write_report_or_warn(self.run.root)
         return summary
 
