@@ -196,9 +196,8 @@ class Trainer:
     def guarded(self) -> LoopGuard:
         """The loop's signal handler (a stop request finishes the step and saves) and the
         watchdog (a phase past train.dist_timeout_s ends the process; compiling: 1 h at least)."""
-        timeout = watchdog_timeout_s(self.cfg)
         stacks = self.run.watchdog_stacks(attempts.attempt_key(), self.env.rank)
-        self.watchdog = Watchdog(timeout, stacks)
+        self.watchdog = Watchdog(watchdog_timeout_s(self.cfg), stacks)
         return LoopGuard(self.stop_request, self.watchdog)
 
     # -- the loop -------------------------------------------------------------------------

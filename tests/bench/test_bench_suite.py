@@ -245,12 +245,34 @@ CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
 }
 
 
+def smoke_runs() -> list[list[registry.Bench]]:
+    """The registered benches, those whose smoke runs are one run together: the same function
+    with the same smoke arguments, ranks, environment and check (benches that differ only in
+    their full size, as checkpoint and checkpoint_tiny), so that the suite runs it once."""
+    runs: dict[str, list[registry.Bench]] = {}
+    for b in registry.REGISTRY.values():
+        check = CHECKS.get(b.name)
+        what = [b.measure, b.smoke, b.ranks, b.env, list(b.run), check and check.__name__]
+        runs.setdefault(json.dumps(what, sort_keys=True, default=str), []).append(b)
+    return list(runs.values())
+
+
+def test_benches_share_a_smoke_run_only_when_it_is_the_same_run() -> None:
+    shared = [[b.name for b in run] for run in smoke_runs() if len(run) > 1]
+    assert shared == [["checkpoint", "checkpoint_tiny"]]  # checkpoint_big's smoke runs ZeRO 1
+    assert sum(len(run) for run in smoke_runs()) == len(registry.REGISTRY)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(b.name, id=b.name, marks=pytest.mark.timeout(b.smoke_timeout_s + 60))
-        for b in registry.REGISTRY.values()
+        pytest.param(
+            run[0].name,
+            id="+".join(b.name for b in run),
+            marks=pytest.mark.timeout(run[0].smoke_timeout_s + 60),
+        )
+        for run in smoke_runs()
     ],
 )
 def test_bench_runs_at_smoke_size(name: str, tmp_path: Path) -> None:
