@@ -27,13 +27,15 @@ if sys.argv[2] == "thread":  # another thread runs, as it would after the proces
 how = start_early(1)
 again = start_early(1)
 pid = forkserver._forkserver._forkserver_pid
-cmdline = open(f"/proc/{pid}/cmdline").read().replace("\\0", " ")
-ppid = int(open(f"/proc/{pid}/stat").read().split(")")[1].split()[1])
 loader = torch.utils.data.DataLoader(
     list(range(6)), batch_size=2, num_workers=1, multiprocessing_context=worker_context()
 )
 batches = [b.tolist() for b in loader]
 time.sleep(0.5)  # the server has imported its preload by now
+# read once the server has served a worker: a started server may still show this process's
+# command line right after its vfork returns, until its exec has switched memory maps
+cmdline = open(f"/proc/{pid}/cmdline").read().replace("\\0", " ")
+ppid = int(open(f"/proc/{pid}/stat").read().split(")")[1].split()[1])
 blocked = int(
     [x for x in open(f"/proc/{pid}/status") if x.startswith("SigBlk")][0].split()[1], 16
 )
