@@ -148,6 +148,7 @@ def report_watchdogs(run: Any) -> list[str]:
     error; the files are renamed so each is reported once."""
     from trainer.run_dir import REPORTED_SUFFIX
     from trainer.signals import stuck_at
+    from trainer.startup import waiting_for
 
     lines = []
     for path in run.unreported_watchdogs():
@@ -156,12 +157,15 @@ def report_watchdogs(run: Any) -> list[str]:
             if not text.strip():
                 path.unlink()  # a rank that was killed otherwise, before its watchdog fired
                 continue
-            rank = int(path.stem.rsplit("rank", 1)[1])
+            attempt, rank_text = path.stem.removeprefix("watchdog-").rsplit("-rank", 1)
+            rank, fired = int(rank_text), path.stat().st_mtime
             kept = path.with_name(path.stem + REPORTED_SUFFIX)
             path.rename(kept)
+            start_up = waiting_for(run.logs, attempt, rank, fired)  # '' past its first step
             line = (
                 f"watchdog: rank {rank} ran past train.dist_timeout_s, stuck in "
-                f"{stuck_at(text)} (every thread's stack: {kept})"
+                f"{stuck_at(text)}{', ' + start_up if start_up else ''} "
+                f"(every thread's stack: {kept})"
             )
             append_event(run.attempts, {"event": "error", "rank": rank, "step": None,
                                         "error": line})  # fmt: skip

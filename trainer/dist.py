@@ -50,6 +50,7 @@ def init_distributed(device_choice: str, timeout_s: float = 600.0) -> DistEnv:
     wait_for_build_locks(op_locks(), lambda line: print(f"paperscale: {line}", file=sys.stderr))
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    later_groups_time_out_after(timeout_s)
     deepspeed.init_distributed(
         dist_backend="nccl" if device.type == "cuda" else "gloo",
         timeout=timedelta(seconds=timeout_s),
@@ -60,6 +61,18 @@ def init_distributed(device_choice: str, timeout_s: float = 600.0) -> DistEnv:
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         device=device,
     )
+
+
+def later_groups_time_out_after(timeout_s: float) -> None:
+    """Every process group made later without a timeout of its own (DeepSpeed's data-parallel
+    and ZeRO groups, the host-side gloo group) times out after `timeout_s` too, not torch's
+    default (30 min for gloo, 10 min for NCCL): a rank that never joins one fails the job
+    within train.dist_timeout_s, as the world's group does. torch reads the default from these
+    module attributes each time a group is made (distributed_c10d._get_default_timeout)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    c10d.default_pg_timeout = timedelta(seconds=timeout_s)
+    c10d.default_pg_nccl_timeout = timedelta(seconds=timeout_s)
 
 
 def free_port() -> int:

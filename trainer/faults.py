@@ -13,6 +13,8 @@ named by `PAPERSCALE_FAULT_RANK` (default 0):
                                         PAPERSCALE_FAULT_RANK)
   PAPERSCALE_FAULT_HANG_AT_STEP=3       sleep for an hour after step 3, between two collectives
                                         (a comma list: one step per attempt, as above)
+  PAPERSCALE_FAULT_HANG_AT_START=build  sleep for an hour before entering that phase of the
+                                        start-up (trainer/startup.py's PHASES)
   PAPERSCALE_FAULT_TERM_AT=4:0          SIGTERM to this rank's whole process group (as Slurm's
                                         preemption does) after micro-batch 0 of step 4
   PAPERSCALE_FAULT_NAN_FROM_STEP=4      the model's output is NaN from step 4 on
@@ -117,8 +119,7 @@ class Faults(LoopObserver):
             _announce(f"SIGKILL after step {step}")
             os.kill(os.getpid(), signal.SIGKILL)
         if step == self.hang_at_step:
-            _announce(f"hanging after step {step}")
-            time.sleep(3600)
+            hang(f"hanging after step {step}")
         slowed = self.slow_from is not None and self.slow_from[0] <= step
         if slowed and (self.slow_until is None or step < self.slow_until):
             time.sleep(self.slow_from[1])  # type: ignore[index]
@@ -141,6 +142,20 @@ class Faults(LoopObserver):
         if self.kill_in_save == (step, self.files_written):
             _announce(f"SIGKILL in the save of step {step} after {self.files_written} files")
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def start_hang(rank: int, environ: dict[str, str] | None = None) -> str:
+    """The start-up phase this rank never enters (PAPERSCALE_FAULT_HANG_AT_START), or ''."""
+    env = os.environ if environ is None else environ
+    if int(env.get(PREFIX + "RANK", "0")) != rank:
+        return ""
+    return env.get(PREFIX + "HANG_AT_START", "")
+
+
+def hang(what: str) -> None:
+    """Announce the fault, then sleep for an hour (a rank that never answers)."""
+    _announce(what)
+    time.sleep(3600)
 
 
 def _announce(what: str) -> None:

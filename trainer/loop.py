@@ -7,7 +7,6 @@ settle (precision, world size) -> build (engine, data, state, checkpoints, sinks
 from __future__ import annotations
 
 import gc
-import math
 import sys
 import time
 import uuid
@@ -46,6 +45,7 @@ from trainer.signals import (
     Watchdog,
 )
 from trainer.sinks import open_sinks
+from trainer.startup import DONE, start_trace
 from trainer.state import DataPosition, RngState, TrainState, rng_preserved
 from trainer.step import (
     LogWindow,
@@ -70,29 +70,41 @@ def train(job: Any, run_dir: Path, resolved: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the job in this process; every rank calls this. Returns the summary.
     Each call is one attempt of the run (trainer/attempts.py): a crash loop stops here."""
     stop_request = StopRequest().install()  # first: a stop signal during start-up counts too
+    run = RunDir(run_dir)
+    trace = start_trace(run.logs)  # at "start": whom a collective of the start-up waits for
     start_early(job.data.num_workers)  # the loader's fork server, while this is one thread
     if job.train.deterministic:
         make_deterministic()  # before any CUDA work
-    env = init_distributed(job.train.device, job.train.dist_timeout_s)
-    forbid_code_in_checkpoints()
-    run = RunDir(run_dir)
-    refusal = attempts.agree_on_start(run, job.train.crash_loop_attempts, env)
-    if refusal is not None:
-        stop_request.uninstall()
-        return refusal
     trainer: Trainer | None = None
+    env: DistEnv | None = None
     try:
-        trainer = Trainer(settle_job(job, run, resolved, env), run, env, stop_request)
+        trace.enter("process group")
+        env = init_distributed(job.train.device, job.train.dist_timeout_s)
+        forbid_code_in_checkpoints()
+        trace.enter("agree")
+        refusal = attempts.agree_on_start(run, job.train.crash_loop_attempts, env)
+        if refusal is not None:
+            stop_request.uninstall()
+            return refusal
+        trace.enter("settle")
+        settled = settle_job(job, run, resolved, env)
+        trace.enter("build")
+        trainer = Trainer(settled, run, env, stop_request)
+        trace.enter("restore")
         trainer.restore_and_open()
+        trace.enter("first step")
         with trainer.guarded():
             while not trainer.done():
                 trainer.step()
+                trace.enter(DONE)
                 trainer.maybe_log()
                 trainer.maybe_evaluate()
                 trainer.maybe_save()
         summary = trainer.finish()
     except BaseException as exc:
-        attempts.record_failure(run, env, trainer.state.step + 1 if trainer else None, exc)
+        trace.fail(job.train.dist_timeout_s, exc)
+        if env is not None:
+            attempts.record_failure(run, env, trainer.state.step + 1 if trainer else None, exc)
         raise
     if env.is_main:
         end = {"event": "end", "exit_code": summary.get("exit_code", 0)}
@@ -282,29 +294,17 @@ class Trainer:
         if not self.window.steps or not (due or self.stopping):
             return
         w = self.window.reduce(skipped_counts(self.stream))
-        tgt, src = w.tgt_tokens, w.src_tokens
-        self.state.tokens_seen += int(src + tgt)
-        seconds = self.timer.lap()
+        self.state.tokens_seen += int(w.src_tokens + w.tgt_tokens)
+        self.record.update(w.rates(self.timer.lap(), self.env.world_size, self.peak))
         self.record.update(
             {
-                "loss": w.loss / tgt,
-                "ppl": math.exp(min(w.nll / tgt, 50.0)),
                 "lr": self.engine.get_lr()[0],
                 **optimizer_metrics(self.engine, self.cfg.precision),
-                "src_tokens_per_s": src / seconds,
-                "tgt_tokens_per_s": tgt / seconds,
-                "tokens_per_s": (src + tgt) / seconds,
-                "tgt_tokens_per_step": tgt / w.steps,  # real (unpadded) target tokens, all ranks
                 "tokens_seen": self.state.tokens_seen,
                 "attempt": attempts.restart_count(),  # torchrun's restarts of the group so far
+                **memory_metrics(self.env.device),
             }
         )
-        if self.peak:
-            self.record["mfu"] = w.flops / seconds / self.peak
-        self.record["data_wait_pct"] = 100.0 * w.data_s / self.env.world_size / seconds
-        self.record.update(memory_metrics(self.env.device))
-        self.record["samples_skipped_long"] = int(w.skipped_long)
-        self.record["samples_skipped_corrupt"] = int(w.skipped_corrupt)
         if self.first_loss is None:
             self.first_loss = self.record["loss"]
 

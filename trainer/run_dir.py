@@ -16,6 +16,7 @@ RUN/eval_<split>.json  RUN/<split>.hyp.txt   `evaluate`'s scores and translation
 RUN/job.sbatch  RUN/slurm.json  RUN/logs/slurm-<jobid>.out   `submit`
 RUN/logs/startup-failed-<jobid>.<restart>.<try>-node<n>.txt   a torchrun that started no rank
 RUN/logs/watchdog-<attempt>-rank<r>.txt   the stacks of a rank whose watchdog ended it
+RUN/logs/start-<attempt>-rank<r>.txt   where a rank is in its start-up (trainer/startup.py)
 RUN/checkpoints/step_00000100/  DeepSpeed's files, meta.json, rank_00000.pt ..., complete
 RUN/checkpoints/latest          the tag of the newest complete checkpoint (written last)
 RUN/checkpoints/universal/<tag>/  the tag converted for another number of ranks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -202,6 +203,23 @@ class WindowTotals(NamedTuple):
     skipped_long: float  # samples the loader skipped so far: too long
     skipped_corrupt: float  # and unreadable
     steps: int  # steps in the window (each rank's; the same on all)
+
+    def rates(self, seconds: float, world_size: int, peak: float) -> dict[str, float]:
+        """The window's loss, speeds and data wait over `seconds` of wall time (MFU against
+        the ranks' `peak` FLOP/s, when known)."""
+        tgt, src = self.tgt_tokens, self.src_tokens
+        out = {
+            "loss": self.loss / tgt,
+            "ppl": math.exp(min(self.nll / tgt, 50.0)),
+            "src_tokens_per_s": src / seconds,
+            "tgt_tokens_per_s": tgt / seconds,
+            "tokens_per_s": (src + tgt) / seconds,
+            "tgt_tokens_per_step": tgt / self.steps,  # real (unpadded) target tokens, all ranks
+            "data_wait_pct": 100.0 * self.data_s / world_size / seconds,
+            "samples_skipped_long": int(self.skipped_long),
+            "samples_skipped_corrupt": int(self.skipped_corrupt),
+        }
+        return out | ({"mfu": self.flops / seconds / peak} if peak else {})
 
 
 def take_batches(batches: Iterator[Batch], n: int) -> tuple[list[Batch], float]:
