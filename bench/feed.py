@@ -22,6 +22,7 @@ from bench.data import run_prepare
 from data_pipeline.config import DataConfig, has_packed
 from data_pipeline.corpus.synthetic import write_synthetic
 from data_pipeline.loader import TokenBatchStream, read_manifest
+from data_pipeline.worker_server import start_early
 
 STALL_S = 0.05  # a wait longer than this counts as a stall
 # side by side: the tars read ahead (the store before the packed ids), the packed ids with each
@@ -48,6 +49,7 @@ def consume(
 ) -> dict[str, float]:
     """One rank's consumer (see the module docstring); its figures."""
     cfg = DataConfig(dir=data, **settings)
+    start_early(cfg.num_workers)  # the loader's fork server, as a rank starts it (trainer/loop.py)
     stream = TokenBatchStream(Path(data), "train", cfg, rank=rank, world_size=ranks)
     start = time.perf_counter()
     batches = iter(stream)

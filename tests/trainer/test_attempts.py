@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from trainer.attempts import (
@@ -109,3 +110,29 @@ def test_stuck_at_names_the_project_frame_under_a_library_one() -> None:
         "all_reduce at /v/torch/distributed/distributed_c10d.py:3252, "
         "from trainer/loop.py:267 maybe_log"
     )
+
+
+def test_a_watchdog_in_the_first_step_names_the_rank_behind_it(tmp_path: Path) -> None:
+    """Rank 0's watchdog fired in its first step while rank 1 was still restoring: the report
+    says where rank 0 was in its start-up and whom it waited for, from their records."""
+    from trainer.attempts import report_watchdogs
+    from trainer.run_dir import RunDir
+    from trainer.startup import StartTrace
+
+    run = RunDir(tmp_path)
+    waiting, behind = (StartTrace(run.logs, "local.0.0", r, 2) for r in range(2))
+    behind.enter("restore")
+    waiting.enter("first step")
+    run.watchdog_stacks("local.0.0", 0).write_text(
+        'Current thread 0x01 (most recent call first):\n  File "x.py", line 3 in all_reduce\n'
+    )
+    (line,) = report_watchdogs(run)
+    assert line.startswith("watchdog: rank 0 ran past train.dist_timeout_s, stuck in all_reduce")
+    assert ", in its start-up at 'first step' for rank 1 (" in line
+    assert re.search(r"still at 'restore' since \d+ s \(every thread's stack: ", line), line
+    waiting.enter("done")  # past its first step: a later watchdog names no start-up
+    run.watchdog_stacks("local.0.0", 0).write_text(
+        'Current thread 0x01 (most recent call first):\n  File "x.py", line 3 in all_reduce\n'
+    )
+    (line,) = report_watchdogs(run)
+    assert "start-up" not in line
