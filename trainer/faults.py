@@ -118,8 +118,9 @@ class Faults(LoopObserver):
         if step == self.kill_at_step:
             _announce(f"SIGKILL after step {step}")
             os.kill(os.getpid(), signal.SIGKILL)
-        if step == self.hang_at_step:
-            hang(f"hanging after step {step}")
+        if step == self.hang_at_step:  # (its frame is where the watchdog's report says)
+            _announce(f"hanging after step {step}")
+            time.sleep(3600)
         slowed = self.slow_from is not None and self.slow_from[0] <= step
         if slowed and (self.slow_until is None or step < self.slow_until):
             time.sleep(self.slow_from[1])  # type: ignore[index]
