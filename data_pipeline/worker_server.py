@@ -13,7 +13,8 @@ with one thread is the safe case. The child is made to look like a fresh server:
 signals blocked and their handlers reset, and every inherited descriptor except the server's own
 pointed at /dev/null (so it holds no lock, socket or file of the rank's). Where the rank already
 has other threads, or on a Python whose fork server takes other arguments, the server is started
-the usual way.
+the usual way; so it is where PAPERSCALE_WORKER_SERVER=started asks for it (to compare the two,
+bench `startup`, or on a platform where forking the rank misbehaves).
 """
 
 from __future__ import annotations
@@ -55,8 +56,13 @@ def start_early(num_workers: int | str) -> str:
     return "forked"
 
 
+SERVER_ENV = "PAPERSCALE_WORKER_SERVER"  # `started`: never forked from the rank
+
+
 def not_forkable() -> str:
     """Why this process cannot fork the server from itself now ('' when it can)."""
+    if os.environ.get(SERVER_ENV, "") == "started":
+        return f"{SERVER_ENV}=started"
     if sys.version_info >= (3, 14):
         return "Python >= 3.14 starts its fork server with other arguments"
     if threading.active_count() > 1:

@@ -5,11 +5,14 @@ batches, and the forked server holds nothing of the rank's (no lock, stop signal
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from data_pipeline.worker_server import SERVER_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,13 +55,15 @@ print(json.dumps({"how": how, "again": again, "forked": ppid == os.getpid(),
 """
 
 
-@pytest.mark.parametrize("threads", ["one", "thread"])
+@pytest.mark.parametrize("threads", ["one", "thread", "asked"])
 def test_workers_fork_from_a_server_that_holds_nothing_of_the_rank(
     tmp_path: Path, threads: str
 ) -> None:
+    """`asked`: one thread, but PAPERSCALE_WORKER_SERVER=started asks for a new interpreter."""
+    env = {**os.environ, SERVER_ENV: "started" if threads == "asked" else ""}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "run.lock"), threads],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.splitlines()[-1])
