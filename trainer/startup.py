@@ -2,7 +2,8 @@
 which peer it waited for.
 
 Until its first step is done, every rank keeps one line in RUN/logs/start-<attempt>-rank<r>.txt:
-the phase it is in, when it entered it, its host and pid. The phases, in order:
+the phase it is in, when it entered it, its host and pid, the world size and torchrun's run id
+(the records of an earlier start of the group are not read as this one's). The phases, in order:
 
   start          the process runs `train` (before the loader's fork server)
   process group  joining the process group (the rendezvous of the ranks, train.dist_timeout_s)
@@ -44,13 +45,16 @@ class Record:
     host: str
     pid: int
     world_size: int
+    launch: str  # torchrun's run id: the records of one start of the group share it
 
     @property
     def order(self) -> int:
         return PHASES.index(self.phase) if self.phase in PHASES else -1
 
     def line(self) -> str:
-        return f"{self.phase}\t{self.since:.3f}\t{self.host}\t{self.pid}\t{self.world_size}\n"
+        since = f"{self.since:.3f}"
+        fields = (self.phase, since, self.host, self.pid, self.world_size, self.launch)
+        return "\t".join(map(str, fields)) + "\n"
 
 
 def record_path(logs: Path, attempt: str, rank: int) -> Path:
@@ -61,8 +65,8 @@ def read_record(logs: Path, attempt: str, rank: int) -> Record | None:
     """Rank `rank`'s start-up line in attempt `attempt` (None: it has none)."""
     try:
         text = record_path(logs, attempt, rank).read_text()
-        phase, since, host, pid, world = text.rstrip("\n").split("\t")
-        return Record(rank, phase, float(since), host, int(pid), int(world))
+        phase, since, host, pid, world, launch = text.rstrip("\n").split("\t")
+        return Record(rank, phase, float(since), host, int(pid), int(world), launch)
     except (OSError, ValueError):
         return None
 
@@ -92,7 +96,7 @@ class StartTrace:
                 path.unlink()
                 return
             record = Record(self.rank, phase, time.time(), socket.gethostname(), os.getpid(),
-                            self.world_size)  # fmt: skip
+                            self.world_size, os.environ.get("TORCHELASTIC_RUN_ID", ""))  # fmt: skip
             self.logs.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
             tmp.write_text(record.line())
@@ -116,6 +120,9 @@ def waiting_for(logs: Path, attempt: str, rank: int, now: float) -> str:
     if mine is None or mine.order < 0:
         return ""
     peers = {r: read_record(logs, attempt, r) for r in range(mine.world_size) if r != rank}
+    # a record of another start of the group (a local attempt's key repeats from one `train`
+    # to the next) is none of this one's: that rank never started this time
+    peers = {r: p if p and p.launch == mine.launch else None for r, p in peers.items()}
     behind = [(r, p) for r, p in sorted(peers.items()) if p is None or p.order < mine.order]
     head = f"in its start-up at {mine.phase!r}"
     if not behind:

@@ -81,3 +81,17 @@ def test_only_a_collective_that_did_not_answer_gets_the_line(
     assert err.startswith("paperscale: error: rank 0 (")
     assert "waited train.dist_timeout_s=10 s" in err
     assert "for rank 1, which never started" in err
+
+
+def test_a_record_of_an_earlier_start_of_the_group_is_not_this_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local attempt's key repeats from one `train` to the next: rank 1's record left by an
+    earlier start (another torchrun run id) does not pass for this start's."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "earlier")
+    StartTrace(tmp_path, ATTEMPT, 1, 2).enter("restore")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "now")
+    StartTrace(tmp_path, ATTEMPT, 0, 2).enter("build")
+    assert waiting_for(tmp_path, ATTEMPT, 0, 0.0).endswith(
+        "for rank 1, which never started (no start-up record)"
+    )
