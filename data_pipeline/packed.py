@@ -30,12 +30,15 @@ import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from data_pipeline.batching import Rows
 from data_pipeline.shards import DTYPES, decode_sample, iter_shard, sha256_file
 from data_pipeline.tokenizer import EOS_ID
+
+if TYPE_CHECKING:  # batching imports torch, which `paperscale prepare` (packing) never needs
+    from data_pipeline.batching import Rows
 
 MAGIC = b"PSIDS\0\0\1"
 SUFFIX = ".ids"
@@ -172,6 +175,8 @@ class PackedShard:
         from its sample `start` on: ``(window start, samples read, usable samples, bad ones,
         too long ones)``; with `max_len`, pairs longer on either side are left out (counted).
         The usable samples are arrays over the mapped ids: nothing is copied until a batch is."""
+        from data_pipeline.batching import Rows
+
         for ws in range(start, count, window):
             n = min(window, count - ws)
             picked = first + (ws + np.arange(n)) * stride  # (n,) sample numbers in the shard

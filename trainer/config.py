@@ -193,8 +193,9 @@ class TrainConfig:
     # fp32 under bf16 where grad_accum > 1 at ZeRO 1-3, else the precision's) | fp32 | bf16 |
     # fp16; fp32 under bf16 is DeepSpeed's data_types.grad_accum_dtype (ZeRO 1-3 only)
     grad_accum_dtype: str = "auto"
-    # ZeRO 1-3: each bucket of gradients reduced while the backward still computes the next
-    # (DeepSpeed's overlap_comm, two buckets in flight); false: reduced after the backward
+    # each bucket of gradients reduced while the backward still computes the next: ZeRO 1-3
+    # DeepSpeed's overlap_comm (two buckets in flight), ZeRO 0 all-reduced as torch's DDP does
+    # (trainer/ds/overlap.py); false: reduced after the backward
     overlap_comm: bool = True
     # elements per DeepSpeed reduce / all-gather / ZeRO 3 prefetch bucket: small enough that
     # the first is full early in the backward, large enough to keep each collective efficient

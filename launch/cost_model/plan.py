@@ -172,8 +172,8 @@ def model_state_bytes(
     elif stage == 3:
         resident_buffers = half * buckets.reduce  # kept for the engine's lifetime
         transient = half * min(buckets.prefetch, psi)  # parameters gathered ahead of use
-    else:
-        transient = 0.0
+    else:  # ZeRO 0: flat gradient buckets, all in flight with overlap; else DeepSpeed's 5e8
+        transient = half * (psi if buckets.overlap else min(500_000_000, psi))
     return {
         "params": params,
         "grads": grads,

@@ -65,15 +65,17 @@ def exposed_sync(
 ) -> float:
     """The synchronisation seconds left after what overlap_comm hides behind the backward.
 
-    ZeRO 1 and 2 reduce their gradients bucket by bucket while the backward runs (ZeRO 1 in the
-    step's last backward, ZeRO 2 in each): each reduction is hidden up to that backward's time,
-    except its last bucket, which can only start when the backward ends. The parameters'
-    all-gather after the update is not hidden, nor is anything at ZeRO 0 (one all-reduce after
-    the backward) or ZeRO 3 (planned without overlap). A model, not a measurement."""
-    if buckets is None or not buckets.overlap or stage not in (1, 2):
+    ZeRO 0, 1 and 2 reduce their gradients bucket by bucket while the backward runs (ZeRO 0 and
+    1 in the step's last backward, ZeRO 2 in each): each reduction is hidden up to that
+    backward's time, except its last bucket, which can only start when the backward ends.
+    ZeRO 0's all-reduce is all reduction; at ZeRO 1 and 2 the parameters' all-gather after the
+    update is not hidden, nor is anything at ZeRO 3 (planned without overlap). A model, not a
+    measurement."""
+    if buckets is None or not buckets.overlap or stage == 3:
         return comm_s
     units = volume_units(stage, accum)
-    reduce_s, events = comm_s * (units - 1) / units, accum if stage == 2 else 1
+    reduce_s = comm_s if stage == 0 else comm_s * (units - 1) / units
+    events = accum if stage == 2 else 1
     per_event, backward_s = reduce_s / events, BACKWARD_SHARE * compute_s / accum
     last_bucket = per_event * min(1.0, buckets.reduce / max(n_params, 1))
     return comm_s - reduce_s + events * max(per_event - backward_s, last_bucket)

@@ -74,7 +74,7 @@ def overlap_words(plan: dict) -> str:
     """How much of the sync the step waits for (launch/cost_model/step_time.py exposed_sync)."""
     if not plan.get("overlap_comm"):
         return "after the backward (train.overlap_comm off)"
-    if plan["recommended_stage"] in (1, 2):
+    if plan["recommended_stage"] in (0, 1, 2):
         return "the part train.overlap_comm does not hide behind the backward"
     return f"after the backward (overlap_comm hides nothing at ZeRO {plan['recommended_stage']})"
 

@@ -21,6 +21,8 @@ from data_pipeline.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from tests.data_pipeline.conftest import MAX_LEN, SHARD_SAMPLES, VOCAB, prepare_test_corpus
 from tests.data_pipeline.corpus_gen import make_corpus
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def _prep(corpus: Path, out: Path, **kw: object) -> tuple[dict, list[str]]:
     lines: list[str] = []
@@ -310,3 +312,23 @@ def test_encoding_in_slices_and_tokenizer_in_a_child(
     inline, child = (int(p) for p in pids.read_text().split())
     assert inline == os.getpid() and child != os.getpid()  # workers=0: inline; else a child
     assert any("sentencepiece trained on" in line for line in lines)
+
+
+def test_prepare_runs_without_torch(tmp_path: Path, corpus_dir: Path) -> None:
+    """`paperscale prepare` (sentencepiece, shards, packed ids) never imports torch: ~2-3 s of
+    CPU at every start on a small machine, in the command and its encoding processes."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from launch.cli import main; code = main(); "
+        "print('torch' in sys.modules); sys.exit(code)"
+    )
+    args = [str(corpus_dir), str(tmp_path / "out"), "--vocab-size", "300", "--workers", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "prepare", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "out" / "manifest.json").exists()
+    assert proc.stdout.splitlines()[-1] == "False", proc.stdout[-2000:]

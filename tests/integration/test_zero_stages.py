@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,12 +14,14 @@ from safetensors.torch import load_file
 from tests.integration.conftest import TINY_MODEL, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
+NO_OVERLAP = ("train.overlap_comm=false",)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def train(
     run_dir: Path, data: Path, stage: int, max_steps: int, cwd: Path, *extra: str, nproc: int = 2
-) -> None:
+) -> str:
+    """Train; returns what the run printed."""
     proc = paperscale(
         "train", "--config", str(ROOT / "configs/tiny.yaml"), "--nproc", str(nproc),
         "--run-dir", str(run_dir), f"data.dir={data}", *TINY_MODEL,
@@ -29,6 +32,7 @@ def train(
         cwd=cwd,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -70,18 +74,27 @@ def weights_names(model: torch.nn.Module) -> set[str]:
 def test_exports_from_stages_0_2_and_3_are_the_same_tensors(
     synthetic_data: Path, tmp_path: Path
 ) -> None:
-    """Three runs train the same weights (same seed, data, fp32, dropout 0) for 3 steps that
+    """Runs train the same weights (same seed, data, fp32, dropout 0) for 3 steps that
     move them; each stage's (partitioned) checkpoint is consolidated on export. The stages
     differ only in the order of their gradient reductions, a few ulp of fp32; Adam's
     normalisation would blow that up to ~lr for parameters whose gradient is near zero, so
-    eps=1 makes the update ~lr * gradient, which keeps it at the ulp level."""
-    runs = {}
-    for stage in (0, 2, 3):
-        runs[stage] = tmp_path / f"z{stage}"
-        train(
-            runs[stage], synthetic_data, stage, 3, tmp_path, "model.dropout=0.0", "optim.lr=0.5",
-            "optim.eps=1.0", "optim.warmup_steps=1",
+    eps=1 makes the update ~lr * gradient, which keeps it at the ulp level.
+    ZeRO 0 runs twice: reducing during the backward in ~10 buckets (trainer/ds/overlap.py)
+    and, as DeepSpeed does, after it: at two ranks the sums are the same, bit for bit."""
+    small_buckets = ("train.overlap_comm=true", "train.bucket_elements=3000")
+    arms = {0: (0, small_buckets), 2: (2, ()), 3: (3, ()), "0 after": (0, NO_OVERLAP)}
+    runs, printed = {}, {}
+    for name, (stage, extra) in arms.items():
+        runs[name] = tmp_path / f"z{name}".replace(" ", "-")
+        printed[name] = train(
+            runs[name], synthetic_data, stage, 3, tmp_path, "model.dropout=0.0", "optim.lr=0.5",
+            "optim.eps=1.0", "optim.warmup_steps=1", *extra,
         )  # fmt: skip
+    assert re.search(r"ZeRO 0: gradients all-reduced during the backward, \d\d buckets", printed[0])
+    assert "during the backward" not in printed["0 after"]
+    w0 = weights(runs[0] / "model")
+    assert all(torch.equal(t, w0[k]) for k, t in weights(runs["0 after"] / "model").items())
+    assert losses(runs[0]) == losses(runs["0 after"])
     w3 = weights(runs[3] / "model")
     start = initial_weights()
     moved = max((w3[k] - start[k]).abs().max().item() for k in start)

@@ -23,6 +23,7 @@ from trainer.config import LoggingConfig, OptimConfig, ProfileConfig, TrainConfi
 from trainer.dist import DistEnv
 from trainer.ds.adam import adam
 from trainer.ds.config import build_ds_config
+from trainer.ds.overlap import reduce_during_backward
 from trainer.kernels import resolve_attention, sdpa_backends
 from trainer.schedule import Horizon, build_scheduler
 
@@ -186,6 +187,14 @@ def build_engine(
         lr_scheduler=scheduler,
         config=build_ds_config(job.train, job.optim, env.world_size, load_universal),
     )
+    if job.train.zero_stage == 0 and job.train.overlap_comm and env.world_size > 1:
+        reducer = reduce_during_backward(engine, job.train.bucket_elements)
+        if env.rank == 0:
+            print(
+                f"ZeRO 0: gradients all-reduced during the backward, {len(reducer.buckets)} "
+                f"buckets of at most train.bucket_elements={job.train.bucket_elements}",
+                flush=True,
+            )
     if scope in ("model", "layers"):
         # nn.Module.compile in place: parameter names, and so checkpoints, stay the same.
         kwargs = {"mode": job.train.compile_mode, **compile_for_varying_shapes()}
