@@ -208,11 +208,15 @@ def run_arm(study: Any, name: str, data: Path, work: Path, k: int) -> tuple[Reco
 
 
 def measure(study: Any, data: Path, work: Path) -> dict[str, dict[str, float]]:
-    """Every figure of every arm, the mean over the rounds. With a `target` arm, each round's
+    """Every figure of every arm, the mean over the rounds (arms in turn, reversed in odd
+    rounds). With a `target` arm, each round's
     runs know the valid nll it ended at (`target_nll`)."""
     values: dict[str, dict[str, list[float]]] = {a: {} for a in study.arms}
     for k in range(int(study.get("rounds", 1))):
-        runs = {name: run_arm(study, name, data, work, k) for name in study.arms}
+        # odd rounds in the reverse order: a machine that drifts slower or faster over the
+        # study favours no arm by its place
+        order = list(study.arms) if k % 2 == 0 else list(reversed(study.arms))
+        runs = {name: run_arm(study, name, data, work, k) for name in order}
         if "target" in study:
             nll = REDUCERS["last_log"](runs[study.target][0], "valid_ppl", 0.0)
             for records, _ in runs.values():

@@ -191,8 +191,8 @@ def build_engine(
         reducer = reduce_during_backward(engine, job.train.bucket_elements)
         if env.rank == 0:
             print(
-                f"ZeRO 0: gradients all-reduced during the backward, {len(reducer.buckets)} "
-                f"buckets of at most train.bucket_elements={job.train.bucket_elements}",
+                f"ZeRO 0: gradients all-reduced during the backward in {len(reducer.buckets)} "
+                f"bucket(s) of at most train.bucket_elements={job.train.bucket_elements}",
                 flush=True,
             )
     if scope in ("model", "layers"):
