@@ -109,8 +109,16 @@ class StartTrace:
             return
         line = waiting_for(self.logs, self.attempt, self.rank, time.time())
         if line:
-            head = f"rank {self.rank} ({socket.gethostname()}) waited train.dist_timeout_s="
-            print(f"paperscale: error: {head}{timeout_s:g} s {line}", file=sys.stderr, flush=True)
+            head = f"rank {self.rank} ({socket.gethostname()}) {how_it_ended(exc, timeout_s)}"
+            print(f"paperscale: error: {head} {line}", file=sys.stderr, flush=True)
+
+
+def how_it_ended(exc: BaseException, timeout_s: float) -> str:
+    """A collective of the start-up that ran out of time, or one whose peer went away."""
+    text = str(exc).lower()
+    if "timed out" in text or "timeout" in text:
+        return f"waited train.dist_timeout_s={timeout_s:g} s"
+    return "lost a peer's connection (a rank that exited or died)"
 
 
 def waiting_for(logs: Path, attempt: str, rank: int, now: float) -> str:

@@ -76,11 +76,16 @@ def test_only_a_collective_that_did_not_answer_gets_the_line(
     assert not waited_for_peers(ValueError("train.lr must be > 0"))
     first.fail(10, ValueError("a config error on every rank names no peer"))
     assert capsys.readouterr().err == ""
-    first.fail(10, RuntimeError("Connection closed by peer [127.0.0.1]:41234"))
+    first.fail(10, RuntimeError("[gloo] Timed out waiting 10000ms for recv operation"))
     err = capsys.readouterr().err
     assert err.startswith("paperscale: error: rank 0 (")
-    assert "waited train.dist_timeout_s=10 s" in err
+    assert ") waited train.dist_timeout_s=10 s in its start-up at 'agree'" in err
     assert "for rank 1, which never started" in err
+    # a peer that went away at once: no timeout was waited out
+    first.fail(10, RuntimeError("Connection closed by peer [127.0.0.1]:41234"))
+    err = capsys.readouterr().err
+    assert ") lost a peer's connection (a rank that exited or died) in its start-up" in err
+    assert "dist_timeout_s" not in err
 
 
 def test_a_record_of_an_earlier_start_of_the_group_is_not_this_ones(
