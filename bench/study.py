@@ -215,7 +215,7 @@ def measure(study: Any, data: Path, work: Path) -> dict[str, dict[str, float]]:
     for k in range(int(study.get("rounds", 1))):
         # odd rounds in the reverse order: a machine that drifts slower or faster over the
         # study favours no arm by its place
-        order = list(study.arms) if k % 2 == 0 else list(reversed(study.arms))
+        order = list(study.arms) if k % 2 == 0 else list(study.arms)[::-1]
         runs = {name: run_arm(study, name, data, work, k) for name in order}
         if "target" in study:
             nll = REDUCERS["last_log"](runs[study.target][0], "valid_ppl", 0.0)
