@@ -12,44 +12,23 @@ from typing import Any
 import pytest
 import torch
 
-from data_pipeline.batching import Batch
-from launch.config import load_config
-from model.config import ModelConfig
+from tests.trainer.test_step_syncs import batches, engine_for
 from trainer.dist import DistEnv
-from trainer.ds.engine import build_engine
 from trainer.ds.overlap import BackwardAllReduce, buckets_of, reduce_during_backward
 
 pytestmark = pytest.mark.xdist_group("step_syncs")  # the session's process group: one worker
 
-TINY = [
-    "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.encoder_layers=2",
-    "model.decoder_layers=2", "model.vocab_size=64", "model.dropout=0.0", "train.zero_stage=0",
-    "train.grad_accum=2",
-]  # fmt: skip
+# the step-sync tests' tiny model, deeper, at ZeRO 0 and without dropout
+OVER = ("model.encoder_layers=2", "model.decoder_layers=2", "model.dropout=0.0",
+        "train.zero_stage=0")  # fmt: skip
 BUCKET = 3000  # elements: the tiny model (~30k parameters) in about ten buckets
-
-
-def engine_for(env: DistEnv, *over: str) -> Any:
-    job = load_config(None, [*TINY, *over])
-    torch.manual_seed(0)
-    return build_engine(job, ModelConfig(**job.model.__dict__), env)
-
-
-def micro_batches(seed: int) -> list[Batch]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(2):
-        src = torch.randint(4, 64, (4, 8), generator=g)  # (B, S)
-        tgt = torch.randint(4, 64, (4, 9), generator=g)  # (B, T + 1)
-        out.append(Batch(src, tgt[:, :-1], tgt[:, 1:], n_src_tokens=32, n_tgt_tokens=32))
-    return out
 
 
 def steps(engine: Any, n: int) -> tuple[list[float], list[torch.Tensor]]:
     """`n` optimizer steps; their losses and the last step's reduced gradients."""
     losses, grads = [], []
     for seed in range(n):
-        for batch in micro_batches(seed):
+        for batch in batches(seed):
             loss, _, _ = engine(batch.src, batch.tgt_in, batch.tgt_out, 0.1)
             engine.backward(loss)
             grads = [p.grad.clone() for p in engine.module.parameters()]
@@ -74,7 +53,7 @@ def test_buckets_follow_the_reverse_parameter_order_by_dtype_and_size() -> None:
 def test_buckets_start_during_the_backward_and_give_deepspeeds_gradients(
     rank_env: DistEnv, precision: str
 ) -> None:
-    over = (f"train.precision={precision}", f"train.bucket_elements={BUCKET}")
+    over = (*OVER, f"train.precision={precision}", f"train.bucket_elements={BUCKET}")
     plain = engine_for(rank_env, *over)  # a world of one: build_engine installs nothing
     assert not isinstance(getattr(plain.allreduce_gradients, "__self__", None), BackwardAllReduce)
     overlapped = engine_for(rank_env, *over)
