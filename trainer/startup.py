@@ -166,12 +166,10 @@ def start_trace(run_logs: Path) -> StartTrace:
 
 
 def waited_for_peers(exc: BaseException) -> bool:
-    """Whether `exc` is a collective or rendezvous that did not answer (or lost its peer)."""
-    import torch.distributed as dist
-
-    if isinstance(exc, dist.DistError):
-        return True
-    text = str(exc).lower()
+    """Whether `exc` is a collective or rendezvous that did not answer (or lost its peer): a
+    torch.distributed or RuntimeError whose text says so. Other errors of the process group
+    (this rank's own store failing to listen on its port, say) name no peer."""
+    text = str(exc).lower()  # torch.distributed's DistError is a RuntimeError
     return isinstance(exc, RuntimeError) and any(
         word in text for word in ("timed out", "timeout", "connection closed", "connection reset")
     )

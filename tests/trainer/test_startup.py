@@ -74,6 +74,9 @@ def test_only_a_collective_that_did_not_answer_gets_the_line(
     assert waited_for_peers(dist.DistStoreError("Timed out after 11 seconds waiting for clients"))
     assert waited_for_peers(RuntimeError("[gloo] Timed out waiting 10000ms for recv operation"))
     assert not waited_for_peers(ValueError("train.lr must be > 0"))
+    # rank 0's own store could not listen (torchrun's port taken meanwhile): no peer to name
+    taken = "The server socket has failed to listen on any local network address. port: 41595,"
+    assert not waited_for_peers(dist.DistNetworkError(f"{taken} name: EADDRINUSE"))
     first.fail(10, ValueError("a config error on every rank names no peer"))
     assert capsys.readouterr().err == ""
     first.fail(10, RuntimeError("[gloo] Timed out waiting 10000ms for recv operation"))
