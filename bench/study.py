@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import resource
 import statistics
 import subprocess
 import time
@@ -185,6 +186,11 @@ def profile_record(run_dir: Path) -> dict[str, Any]:
     return {"step": -1, "profile step ms": groups["step_ms"], **out}
 
 
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_arm(study: Any, name: str, data: Path, work: Path, k: int) -> tuple[Records, float]:
     """One fresh run of arm `name` (round `k`), with the study's overrides but those starting
     with one of its `without`; its records (with the profile's and the test BLEUs) and seconds."""
@@ -195,11 +201,13 @@ def run_arm(study: Any, name: str, data: Path, work: Path, k: int) -> tuple[Reco
     over = [f"data.dir={data}", *common, *arm.get("train", [])]
     env = {str(key): str(value) for key, value in arm.get("env", {}).items()}
     root = worktree(arm.checkout, work) if "checkout" in arm else ROOT
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), children_cpu_s()
     records, seconds = train_run(
         root / study.config, run_dir, over, nproc=int(arm.get("nproc", 2)), env=env,
         timeout=float(study.get("timeout", 3600)), log=run_dir.with_suffix(".log"), cwd=root,
     )  # fmt: skip
+    # CPU seconds of the command and every process it waited for (torchrun, the ranks)
+    records.append({"step": -1, "command_cpu_s": children_cpu_s() - cpu})
     records.append(profile_record(run_dir) or {"step": -1})
     for beam in study.get("evaluate", []):
         records.append({"step": -1, f"test_bleu_beam{beam}": evaluate(run_dir, data, beam)})

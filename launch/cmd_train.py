@@ -37,6 +37,9 @@ def load_train_job(args: argparse.Namespace) -> JobConfig:
             "fp16 needs a GPU (DeepSpeed's CPU accelerator refuses it); use auto or fp32",
         )
     job.run.dir = str(job.run_dir().resolve())
+    from launch.agent import rank_start
+
+    rank_start(use_cuda(job.train.device))  # a bad PAPERSCALE_RANK_START: one line, exit 2
     return job
 
 
@@ -76,6 +79,7 @@ def train_locked(
     args: argparse.Namespace, job: JobConfig, run: RunDir, is_main: bool, lock: Any
 ) -> int:
     """`train` once the run dir is this process's (or its launcher's)."""
+    from launch.agent import rank_start
     from launch.config import to_dict, to_yaml
     from launch.local import inside_torchrun, run_torchrun, use_cuda
     from trainer.run_dir import write_atomic
@@ -91,14 +95,16 @@ def train_locked(
         shutil.copyfile(tokenizer_path(Path(job.data.dir)), run.tokenizer)
     if not inside_torchrun() and args.nproc > 1:
         run.summary.unlink(missing_ok=True)
+        cuda = use_cuda(job.train.device)
         code = run_torchrun(
             args.nproc,
             run.config,
             run.root,
-            use_cuda(job.train.device),
+            cuda,
             job.train.stop_grace_s,
             keep_fds=(lock.fd,) if lock else (),
             max_restarts=job.train.max_restarts,
+            start=rank_start(cuda),
         )
         if code != 0:
             from trainer.attempts import report_watchdogs

@@ -7,8 +7,9 @@ import math
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
+
+from launch.agent import rank_command, torchrun_program
 
 
 def inside_torchrun() -> bool:
@@ -17,28 +18,38 @@ def inside_torchrun() -> bool:
 
 
 def torchrun_command(
-    nproc: int, config_file: Path, run_dir: Path, grace_s: float = 30.0, max_restarts: int = 0
+    nproc: int,
+    config_file: Path,
+    run_dir: Path,
+    grace_s: float = 30.0,
+    max_restarts: int = 0,
+    start: str = "exec",
 ) -> list[str]:
     """torchrun for `nproc` local ranks. On TERM torchrun itself passes TERM on to its ranks
     and kills them after --shutdown_timeout: that is the run's grace period, in which they
     save and exit. A rank that fails makes torchrun restart the whole group in place, up to
-    `max_restarts` times (train.max_restarts); each restart resumes from `latest`."""
+    `max_restarts` times (train.max_restarts); each restart resumes from `latest`. `start`:
+    how ranks start (launch/agent.py: "fork" from a preloaded agent, or "exec")."""
     placement = ["--standalone", f"--nproc_per_node={nproc}"]
-    return [sys.executable, "-m", "torch.distributed.run", *placement,
-            *train_args(config_file, run_dir, grace_s, max_restarts)]  # fmt: skip
+    return [*torchrun_program(start), *placement,
+            *train_args(config_file, run_dir, grace_s, max_restarts, start)]  # fmt: skip
 
 
-def train_args(config_file: Path, run_dir: Path, grace_s: float, max_restarts: int) -> list[str]:
+def train_args(
+    config_file: Path, run_dir: Path, grace_s: float, max_restarts: int, start: str = "exec"
+) -> list[str]:
     """torchrun's arguments after where its ranks run (locally or on a job's nodes): restarts
     of the group, the grace period on TERM, the signals it handles itself, and the ranks'
-    command (`launch.cli train` of `config_file` into `run_dir`)."""
+    command (`paperscale train` of `config_file` into `run_dir`, forked or a new
+    interpreter as `start` says)."""
     return [
         f"--max-restarts={max_restarts}",
         f"--shutdown_timeout={math.ceil(grace_s)}",
         # torchrun leaves TERM and INT to the ranks (it ignores them: see run_torchrun) and
         # waits for them to save and exit instead of killing them after a traceback
         f"--signals_to_handle={TORCHRUN_SIGNALS}",
-        *("-m", "launch.cli", "train", "--config", str(config_file), f"run.dir={run_dir}"),
+        *rank_command(start),
+        *("train", "--config", str(config_file), f"run.dir={run_dir}"),
     ]
 
 
@@ -57,6 +68,8 @@ def child_env(use_cuda: bool) -> dict[str, str]:
     if not use_cuda:
         env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("OMP_NUM_THREADS", "1")
+    # what torchrun's `python -u` gives a new interpreter, for ranks forked from the agent
+    env.setdefault("PYTHONUNBUFFERED", "1")
     # After a restart (--max-restarts) workers sharing the rendezvous store can read the
     # previous attempt's addresses and fail to connect; a store of their own avoids that.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -84,6 +97,7 @@ def run_torchrun(
     grace_s: float = 30.0,
     keep_fds: tuple[int, ...] = (),
     max_restarts: int = 0,
+    start: str = "exec",
 ) -> int:
     """Run torchrun in the foreground and return its exit code.
 
@@ -92,7 +106,7 @@ def run_torchrun(
     terminal reaches the workers through the process group, so it is not forwarded again here.
     `keep_fds` stay open in torchrun (the run dir's lock: it lives as long as either does).
     """
-    command = torchrun_command(nproc, config_file, run_dir, grace_s, max_restarts)
+    command = torchrun_command(nproc, config_file, run_dir, grace_s, max_restarts, start)
     proc = subprocess.Popen(
         command, env=child_env(use_cuda), preexec_fn=ignore_stop_signals, pass_fds=keep_fds
     )

@@ -84,11 +84,13 @@ def check(run_dir: Path) -> int:
             check_resume(job, run_dir)
         finally:
             lock.release()
-        if job.train.precision == "fp16":
-            from launch.local import use_cuda
+        from launch.agent import rank_start
+        from launch.local import use_cuda
 
-            if not use_cuda(job.train.device):
-                raise ConfigError("train.precision", "fp16 needs a GPU; this node has none")
+        cuda = use_cuda(job.train.device)
+        if job.train.precision == "fp16" and not cuda:
+            raise ConfigError("train.precision", "fp16 needs a GPU; this node has none")
+        rank_start(cuda)
     except ConfigError as exc:
         print(f"paperscale: error: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -107,17 +109,19 @@ def torchrun_command(
     max_restarts: int = 0,
     numa_binding: str | None = None,
     join_timeout_s: float = 600.0,
+    start: str = "exec",
 ) -> list[str]:
     """torchrun for one node of a multi-node job. The first node hosts the rendezvous store
     (`is_host` is given, not guessed from host names, which may differ from the node list's).
     On TERM torchrun gives its ranks `grace_s` (train.stop_grace_s) to save before killing.
     `numa_binding`: the profile's mode of torchrun's --numa-binding (None: unbound).
     `join_timeout_s` (train.dist_timeout_s): how long the rendezvous waits for every node
-    before it fails (torchrun's own default is 600 s)."""
+    before it fails (torchrun's own default is 600 s). `start`: how ranks start
+    (launch/agent.py)."""
+    from launch.agent import torchrun_program
+
     return [
-        python,
-        "-m",
-        "torch.distributed.run",
+        *torchrun_program(start, python),
         f"--nnodes={nnodes}",
         f"--nproc_per_node={nproc_per_node}",
         "--rdzv_backend=c10d",
@@ -125,7 +129,7 @@ def torchrun_command(
         f"--rdzv_id={rdzv_id}",
         f"--rdzv_conf=is_host={int(is_host)},join_timeout={math.ceil(join_timeout_s)}",
         *([f"--numa-binding={numa_binding}"] if numa_binding else []),
-        *train_args(RunDir(run_dir).config, run_dir, grace_s, max_restarts),
+        *train_args(RunDir(run_dir).config, run_dir, grace_s, max_restarts, start),
     ]
 
 
@@ -207,6 +211,7 @@ def node(
     run_dir: Path, nnodes: int, nproc_per_node: int, attempt_try: int, received: list[int],
     numa_binding: str | None = None,
 ) -> int:  # fmt: skip
+    from launch.agent import STARTS, rank_start
     from launch.config import load_config
     from launch.local import child_env, use_cuda
     from launch.slurm.rendezvous import arrive, first_error, record_startup_failure
@@ -215,18 +220,19 @@ def node(
     run = RunDir(run_dir)
     job = load_config(run.config, [f"run.dir={run_dir}"])
     endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    start = rank_start(cuda := use_cuda(job.train.device))  # (checked by `check`)
     command = torchrun_command(
         sys.executable, run_dir, nnodes, nproc_per_node, endpoint,
         rdzv_id=f"{ctx['job_id']}-{ctx['restart']}-{attempt_try}", is_host=ctx["node_id"] == "0",
         grace_s=job.train.stop_grace_s, max_restarts=job.train.max_restarts,
-        numa_binding=numa_binding, join_timeout_s=job.train.dist_timeout_s,
+        numa_binding=numa_binding, join_timeout_s=job.train.dist_timeout_s, start=start,
     )  # fmt: skip
     print(
         f"paperscale: node {socket.gethostname()} (node {ctx['node_id']} of {nnodes}): "
-        f"torchrun with {nproc_per_node} ranks, rendezvous at {endpoint}",
+        f"torchrun with {nproc_per_node} ranks ({STARTS[start]}), rendezvous at {endpoint}",
         flush=True,
     )
-    env = child_env(use_cuda(job.train.device))
+    env = child_env(cuda)
     if nnodes > 1:
         from launch.slurm.network import NetworkError, set_interface
 

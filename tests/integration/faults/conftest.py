@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from launch.agent import rank_start
 from launch.config import load_config, to_yaml
 from launch.local import child_env, torchrun_command
 from tests.integration.conftest import TINY_MODEL, cli_env, paperscale
@@ -68,7 +69,9 @@ def torchrun_with_restarts(
     job.run.dir = str(run_dir)
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(to_yaml(job))
-    cmd = torchrun_command(2, run_dir / "config.yaml", run_dir, max_restarts=max_restarts)
+    start = rank_start(use_cuda=False)  # forked, as `paperscale train` starts CPU ranks
+    config = run_dir / "config.yaml"
+    cmd = torchrun_command(2, config, run_dir, max_restarts=max_restarts, start=start)
     return subprocess.run(
         cmd, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=timeout
     )
