@@ -51,8 +51,10 @@ def rank_command(start: str) -> list[str]:
 
 
 def preload() -> None:
-    """What a rank of a CPU run imports before its first step. Nothing here touches a device
-    or starts a thread: the ranks forked afterwards start from a clean process."""
+    """What a rank of a CPU run imports before its first step, and DeepSpeed's CPU ops, probed
+    (a C compile for each op's compatibility) and loaded once: a forked rank finds them loaded.
+    Nothing here touches a device or starts a thread: the ranks forked afterwards start from a
+    clean process."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
     import deepspeed.runtime.engine  # noqa: F401
@@ -60,6 +62,10 @@ def preload() -> None:
     import launch.cmd_train  # noqa: F401
     import trainer.loop
     import trainer.validation  # noqa: F401
+    from trainer.ds.ops import build_ops, op_locks, wait_for_build_locks
+
+    wait_for_build_locks(op_locks(), lambda line: print(f"paperscale: {line}", file=sys.stderr))
+    build_ops()  # an op it cannot load, each rank tries again as before
 
 
 # exit handlers the agent registered after `preload` (torchrun's): not a rank's to run
