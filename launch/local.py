@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from launch.agent import rank_command, torchrun_program
@@ -89,6 +90,18 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
+def rank_pids(agent: int) -> list[int]:
+    """torchrun's workers: the agent's children that run this Python (forked from it or new
+    interpreters), not the compilers it runs while it loads DeepSpeed's ops (launch/agent.py)."""
+    python = os.path.realpath(sys.executable)
+    out = []
+    for pid in child_pids(agent):
+        with contextlib.suppress(OSError):
+            if os.path.realpath(f"/proc/{pid}/exe") == python:
+                out.append(pid)
+    return out
+
+
 def run_torchrun(
     nproc: int,
     config_file: Path,
@@ -112,7 +125,7 @@ def run_torchrun(
     )
 
     def forward(signum: int, frame: object) -> None:
-        for pid in child_pids(proc.pid):
+        for pid in rank_pids(proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 

@@ -167,7 +167,7 @@ def run_torchrun_resending(
     (trainer/signals.py), so a signal that came during start-up is sent again; one more to a
     worker that is already stopping changes nothing.
     """
-    from launch.local import child_pids, ignore_stop_signals
+    from launch.local import ignore_stop_signals, rank_pids
 
     proc = subprocess.Popen(
         command,
@@ -181,7 +181,7 @@ def run_torchrun_resending(
     copier.start()
     sent_at, started = 0.0, False
     while proc.poll() is None:
-        workers = child_pids(proc.pid)
+        workers = rank_pids(proc.pid)
         started = started or bool(workers)
         if received and time.monotonic() - sent_at >= RESEND_EVERY_S:
             sent_at = time.monotonic()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from launch.local import use_cuda
+from launch.local import child_pids, rank_pids, use_cuda
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,3 +50,25 @@ main(["train", "--config", "{ROOT}/configs/tiny.yaml", "--nproc", "2", "--run-di
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert "torch imported before torchrun: False" in out.stdout, out.stdout + out.stderr
     assert (run / "config.yaml").is_file()
+
+
+def test_the_workers_of_an_agent_are_its_python_children() -> None:
+    """What the launcher and a Slurm node task signal and count as started ranks: not a
+    compiler the agent runs while it loads DeepSpeed's ops."""
+    import os
+    import time
+
+    compiler = subprocess.Popen(["sleep", "30"])
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10  # until the rank has exec'd this Python
+        while rank.pid not in rank_pids(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rank.pid in rank_pids(os.getpid())
+        assert compiler.pid not in rank_pids(os.getpid())
+        assert {compiler.pid, rank.pid} <= set(child_pids(os.getpid()))
+    finally:
+        compiler.kill()
+        rank.kill()
+        compiler.wait()
+        rank.wait()
