@@ -45,8 +45,9 @@ def init_distributed(device_choice: str, timeout_s: float = 600.0) -> DistEnv:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     import deepspeed  # imported late: DS_ACCELERATOR must be set first
 
-    from trainer.ds.ops import op_locks, wait_for_build_locks
+    from trainer.ds.ops import op_locks, remember_cpu_info, wait_for_build_locks
 
+    remember_cpu_info()
     wait_for_build_locks(op_locks(), lambda line: print(f"paperscale: {line}", file=sys.stderr))
     if device.type == "cuda":
         torch.cuda.set_device(device)

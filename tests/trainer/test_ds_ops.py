@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +10,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from trainer.ds.ops import cpu_info_key
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOW = "import os, trainer; print(os.environ['TORCH_EXTENSIONS_DIR'])"
@@ -125,3 +128,56 @@ def test_the_venvs_ninja_builds_the_ops_whatever_path_holds(tmp_path: Path) -> N
         out = _run(load, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(ops), PATH=":".join(path))
         assert out.strip().splitlines()[-1] == venv_bin
     assert log.read_text() == before  # nothing was built again
+
+
+REMEMBERED = """
+import json, subprocess
+from deepspeed.accelerator import get_accelerator
+from trainer.ds.ops import remember_cpu_info
+spawned = []
+popen = subprocess.Popen.__init__
+def counting(self, args, *rest, **kwargs):
+    spawned.append(" ".join(map(str, args)))
+    popen(self, args, *rest, **kwargs)
+subprocess.Popen.__init__ = counting
+builder = get_accelerator().create_op_builder("FusedAdamBuilder")
+flags = lambda: [builder.cpu_arch(), builder.simd_width()]
+asked = flags()
+before = sum("cpuinfo" in s for s in spawned)
+remember_cpu_info()
+again = [flags() for _ in range(3)]
+print(json.dumps({"asked": asked, "again": again, "before": before,
+                  "after": sum("cpuinfo" in s for s in spawned) - before}))
+"""
+
+
+def test_deepspeed_asks_py_cpuinfo_once_per_machine_with_the_same_answer(tmp_path: Path) -> None:
+    """DeepSpeed's CPU op builder runs a new interpreter for each question about the CPU
+    (its compile flags, also for an op already built). Remembered, the first process asks once
+    for all its questions and keeps the answer in the machine cache; the next asks none."""
+
+    def ask() -> dict:
+        out = subprocess.run(
+            [sys.executable, "-c", REMEMBERED], cwd=ROOT, capture_output=True, text=True,
+            env={**os.environ, "DS_ACCELERATOR": "cpu", "PAPERSCALE_CACHE_DIR": str(tmp_path)},
+            timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.splitlines()[-1])
+
+    first, second = ask(), ask()
+    assert first["before"] == second["before"] == 2  # two questions, two interpreters
+    assert first["after"] == 1  # six questions, one interpreter
+    assert second["after"] == 0  # from the machine cache
+    assert first["again"] == second["again"] == [first["asked"]] * 3
+
+
+def test_the_cpu_info_key_follows_the_cpus_flags(tmp_path: Path) -> None:
+    cpu = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2\n\nprocessor\t: 1\n"
+    (tmp_path / "a").write_text(cpu)
+    (tmp_path / "b").write_text(cpu.replace("avx2", "avx2 avx512f"))
+    (tmp_path / "c").write_text("processor\t: 0\nmodel name\t: AMD EPYC\n")
+    a, b = cpu_info_key(tmp_path / "a"), cpu_info_key(tmp_path / "b")
+    assert a and b and a != b and a.startswith("py-cpuinfo ")
+    assert cpu_info_key(tmp_path / "c") is None  # no flags: not kept
+    assert cpu_info_key(tmp_path / "missing") is None

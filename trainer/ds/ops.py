@@ -15,11 +15,13 @@ than any build takes (`wait_for_build_locks`): a killed start costs minutes, not
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from trainer import use_venv_extensions_dir
 
@@ -87,10 +89,63 @@ def wait_for_build_locks(
         time.sleep(poll_s)
 
 
+def remember_cpu_info() -> None:
+    """py-cpuinfo's answer, asked once per machine. DeepSpeed's CPU op builders ask it for the
+    CPU's architecture and SIMD flags (their compile flags, wanted for an op already built too)
+    at each op load, and py-cpuinfo answers every call from a new Python interpreter: ~1.2 s of
+    CPU each on a 2-core AMD EPYC, twice per process, before the ranks can start. The answer is
+    kept in the machine cache (trainer/machine_cache.py) under the CPU's model name and flags as
+    /proc/cpuinfo gives them: a machine whose CPU shows other flags asks again."""
+    import cpuinfo
+
+    if hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        return
+    ask = cpuinfo.get_cpu_info
+
+    @functools.cache
+    def answer() -> dict[str, Any]:
+        key = cpu_info_key()
+        if key is None:
+            return ask()
+        from trainer.machine_cache import default_cache
+
+        return default_cache().measured(key, ask)[0]
+
+    cpuinfo.get_cpu_info = answer
+
+
+def cpu_info_key(proc_cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The machine cache's key of py-cpuinfo's answer: its version, the machine, and a digest
+    of the first CPU's model name and flags (None where /proc/cpuinfo lists no flags)."""
+    import hashlib
+    import platform
+
+    import cpuinfo
+
+    try:
+        first = proc_cpuinfo.read_text().split("\n\n", 1)[0].splitlines()
+    except OSError:
+        return None
+    wanted = ("model name", "flags", "Features", "CPU part")  # (x86; Arm: Features, part)
+    fields = {}
+    for line in first:
+        name, colon, value = line.partition(":")
+        if colon and name.strip() in wanted:
+            fields[name.strip()] = value.strip()
+    if "flags" not in fields and "Features" not in fields:
+        return None
+    text = "\n".join(f"{name}={value}" for name, value in sorted(fields.items()))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    version = ".".join(map(str, getattr(cpuinfo, "CPUINFO_VERSION", ())))
+    return f"py-cpuinfo {version} | {platform.machine()} | cpu {digest}"
+
+
 def build_ops(names: tuple[str, ...] = OPS) -> list[str]:
     """Build (or find already built) the ops this accelerator supports; returns lines to print."""
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
+
+    remember_cpu_info()
 
     lines = []
     for name in names:
