@@ -8,7 +8,8 @@ sub-second timing taken while something else loads the machine.
 The cache is one JSON file in `$PAPERSCALE_CACHE_DIR`, else `$XDG_CACHE_HOME/paperscale`, else
 `~/.cache/paperscale`. Its keys name the CPU model, torch's version and what was measured
 (e.g. the shape class), so another machine or another torch measures afresh. Deleting the file
-makes the next start measure again.
+makes the next start measure again. It also keeps py-cpuinfo's description of the CPU
+(trainer/ds/ops.py, `remember_cpu_info`), which costs a new interpreter to ask.
 """
 
 from __future__ import annotations
