@@ -78,6 +78,14 @@ def paperscale(
 RUN_TOKEN = "PAPERSCALE_TEST_RUN"
 
 
+def logged_losses(run_dir: Path) -> list[float]:
+    """Every logged training loss of RUN/metrics.jsonl, in order."""
+    import json
+
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r.get("loss") is not None]
+
+
 def decided(run_dir: Path) -> dict[str, str]:
     """Every `auto` as the run decided it (RUN/decisions.json): key -> value."""
     import json

@@ -4,7 +4,6 @@ forked rank is a process of its own as an exec'd one is."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY_MODEL, assert_same_decisions, paperscale
+from tests.integration.conftest import TINY_MODEL, assert_same_decisions, logged_losses, paperscale
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -31,11 +30,6 @@ def train(run_dir: Path, data: Path, cwd: Path, env: dict[str, str]) -> str:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
-
-
-def losses(run_dir: Path) -> list[float]:
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records if r.get("loss") is not None]
 
 
 def marked(token: str) -> dict[int, dict[str, object]]:
@@ -67,7 +61,7 @@ def ranks_while_training(run_dir: Path, token: str, timeout: float = 300) -> dic
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         metrics = run_dir / "metrics.jsonl"
-        if metrics.is_file() and len(losses(run_dir)) >= 2:
+        if metrics.is_file() and len(logged_losses(run_dir)) >= 2:
             procs = marked(token)
             forks = {p for p, i in procs.items() if "launch.agent" in str(i["cmdline"])}
             agents = [p for p in forks if procs[p]["ppid"] not in forks]  # the ranks' parent
@@ -101,5 +95,5 @@ def test_forked_and_exec_ranks_train_alike_and_a_forked_rank_is_its_own_process(
     execd = tmp_path / "exec"
     train(execd, synthetic_data, tmp_path, {"PAPERSCALE_RANK_START": "exec"})
     assert_same_decisions(execd, forked)
-    assert len(losses(forked)) == STEPS
-    assert losses(execd) == losses(forked)  # bitwise
+    assert len(logged_losses(forked)) == STEPS
+    assert logged_losses(execd) == logged_losses(forked)  # bitwise

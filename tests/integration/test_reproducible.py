@@ -5,13 +5,18 @@ two threads, idle and loaded."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from bench.common import busy_processes
-from tests.integration.conftest import TINY_MODEL, assert_same_decisions, decided, paperscale
+from tests.integration.conftest import (
+    TINY_MODEL,
+    assert_same_decisions,
+    decided,
+    logged_losses,
+    paperscale,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -35,11 +40,6 @@ def train(
     return proc.stdout
 
 
-def losses(run_dir: Path) -> list[float]:
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records if r.get("loss") is not None]
-
-
 def test_runs_idle_loaded_and_deterministic_give_the_same_losses(
     synthetic_data: Path, tmp_path: Path
 ) -> None:
@@ -49,10 +49,10 @@ def test_runs_idle_loaded_and_deterministic_give_the_same_losses(
     loaded = tmp_path / "loaded"
     with busy_processes(4):  # and with train.deterministic, which changes nothing on a CPU
         train(loaded, synthetic_data, tmp_path, "train.deterministic=true")
-    reference = losses(idle)
+    reference = logged_losses(idle)
     assert len(reference) == STEPS
     assert_same_decisions(loaded, idle)
-    assert losses(loaded) == reference  # bitwise
+    assert logged_losses(loaded) == reference  # bitwise
     assert set(decided(idle)) == {
         "device", "precision", "attention", "grad_accum_dtype", "compile", "num_workers"
     }  # fmt: skip
@@ -66,4 +66,5 @@ def test_one_rank_on_two_threads_idle_and_loaded_gives_the_same_losses(
     with busy_processes(4):
         train(loaded, synthetic_data, tmp_path, nproc=1, threads=2)
     assert_same_decisions(loaded, idle)
-    assert len(losses(idle)) == STEPS and losses(loaded) == losses(idle)  # bitwise
+    reference = logged_losses(idle)
+    assert len(reference) == STEPS and logged_losses(loaded) == reference  # bitwise
