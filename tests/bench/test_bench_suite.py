@@ -189,11 +189,13 @@ def _save_overhead_side_by_side(outcome: suite.Outcome) -> None:
 
 def _synthetic_task_learnt(outcome: suite.Outcome) -> None:
     """The real trainer learns: 2 CPU ranks (torchrun, ZeRO 2, precision auto) trained through
-    the CLI on mapped reversal of 3-10 pseudo-words reach test BLEU >= 60 at beam 4 on held-out
-    sentences (chance is ~0; the run reached 78 when this was written)."""
+    the CLI on mapped reversal of 3-10 pseudo-words reach test BLEU >= 75 at beam 4 on held-out
+    sentences (chance is ~0). The task is learnt in a jump whose step varies with the seed and
+    the CPU's kernels: the smoke size is past it for every seed tried (configs/bench/
+    synthetic_task.yaml), not on its edge."""
     by_figure = {r["figure"]: r["value"] for r in outcome.rows}
-    assert by_figure["steps"] == 250
-    assert by_figure["test BLEU beam 4"] >= 60, by_figure
+    assert by_figure["steps"] == 500
+    assert by_figure["test BLEU beam 4"] >= 75, by_figure
 
 
 def _scaling_both_worlds(outcome: suite.Outcome) -> None:
