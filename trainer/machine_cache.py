@@ -6,9 +6,10 @@ measure once between them, and read back from then on: a run's decision never ha
 sub-second timing taken while something else loads the machine.
 
 The cache is one JSON file in `$PAPERSCALE_CACHE_DIR`, else `$XDG_CACHE_HOME/paperscale`, else
-`~/.cache/paperscale`. Its keys name the CPU model, torch's version and what was measured
-(e.g. the shape class), so another machine or another torch measures afresh. Deleting the file
-makes the next start measure again. It also keeps py-cpuinfo's description of the CPU
+`~/.cache/paperscale`. Its keys name the CPU model, a digest of its flags, torch's version and
+what was measured (e.g. the shape class), so another machine or another torch measures afresh
+(a home folder shared by the nodes of a cluster holds an entry per kind of CPU). Deleting the
+file makes the next start measure again. It also keeps py-cpuinfo's description of the CPU
 (trainer/ds/ops.py, `remember_cpu_info`), which costs a new interpreter to ask.
 """
 
@@ -48,11 +49,36 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def machine_key() -> str:
-    """The part of every key that names this machine and software: CPU model and torch."""
+def cpu_digest(proc_cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """16 hex digits of the first CPU's model name and flags (x86 `flags`; Arm `Features` and
+    `CPU part`): virtual machines of different CPU generations often share a model name ("AMD
+    EPYC") but not their instruction sets. None where /proc/cpuinfo lists no flags."""
+    import hashlib
+
+    try:
+        first = proc_cpuinfo.read_text().split("\n\n", 1)[0].splitlines()
+    except OSError:
+        return None
+    wanted = ("model name", "flags", "Features", "CPU part")
+    fields = {}
+    for line in first:
+        name, colon, value = line.partition(":")
+        if colon and name.strip() in wanted:
+            fields[name.strip()] = value.strip()
+    if "flags" not in fields and "Features" not in fields:
+        return None
+    text = "\n".join(f"{name}={value}" for name, value in sorted(fields.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def machine_key(proc_cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The part of every key that names this machine and software: CPU model, a digest of its
+    flags (where /proc/cpuinfo has them) and torch."""
     import torch
 
-    return f"{cpu_model()} | torch {torch.__version__}"
+    digest = cpu_digest(proc_cpuinfo)
+    flags = f" | cpu {digest[:8]}" if digest else ""
+    return f"{cpu_model(proc_cpuinfo)}{flags} | torch {torch.__version__}"
 
 
 @dataclass(frozen=True)

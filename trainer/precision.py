@@ -71,7 +71,9 @@ class CpuBf16Verdict:
             return ""
         if self.slowdown >= 1.5:
             return f"bf16 matmul {self.slowdown:.0f}x slower than fp32"
-        return f"bf16 matmul {1 / self.slowdown:.1f}x the speed of fp32"
+        speedup = 1 / self.slowdown
+        digits = 2 if round(speedup, 1) == BF16_MIN_SPEEDUP else 1  # 1.56 is not 1.6
+        return f"bf16 matmul {speedup:.{digits}f}x the speed of fp32"
 
     def describe(self) -> str:
         """Why, in a few words: 'this CPU has no native bf16 instructions (...)'."""

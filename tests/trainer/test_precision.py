@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.machine_cache import MachineCache
+from trainer.machine_cache import MachineCache, machine_key
 from trainer.precision import (
     BF16_MIN_SPEEDUP,
     CPU_BF16_ENV,
@@ -113,6 +113,8 @@ def test_reason_says_flags_or_the_cached_measurement() -> None:
         "this CPU has bf16 instructions but bf16 matmul 1.2x the speed of fp32 (measured once "
         f"on this machine); bf16 needs {BF16_MIN_SPEEDUP}x"
     )
+    near = CpuBf16Verdict(native_flags=True, slowdown=0.642, forced=None)  # 1.558x: just short
+    assert not near.use_bf16 and "bf16 matmul 1.56x the speed of fp32" in near.describe()
 
 
 @pytest.mark.parametrize(
@@ -158,6 +160,19 @@ def test_the_measurement_is_made_once_per_machine_and_shape_class(tmp_path: Path
     assert cached and again == first
     cached_bf16_slowdown(64, 128, cache)
     assert len(cache.read()) == 2
+
+
+def test_one_model_name_with_other_flags_is_another_machine(tmp_path: Path) -> None:
+    """Virtual machines of two CPU generations both called "AMD EPYC" (one AVX2 only, one with
+    avx512_bf16) keep their measurements apart; without flags the key is the model's alone."""
+    cpu = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2\n\nprocessor\t: 1\n"
+    (tmp_path / "zen2").write_text(cpu)
+    (tmp_path / "zen4").write_text(cpu.replace("avx2", "avx2 avx512_bf16"))
+    (tmp_path / "bare").write_text("processor\t: 0\nmodel name\t: AMD EPYC\n")
+    zen2, zen4 = machine_key(tmp_path / "zen2"), machine_key(tmp_path / "zen4")
+    assert zen2.startswith("AMD EPYC | cpu ") and zen4.startswith("AMD EPYC | cpu ")
+    assert zen2 != zen4 and zen2.endswith(zen4.rsplit(" | ", 1)[1])  # same torch
+    assert machine_key(tmp_path / "bare").startswith("AMD EPYC | torch ")
 
 
 def test_a_damaged_cache_is_measured_again(tmp_path: Path) -> None:

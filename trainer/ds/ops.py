@@ -117,25 +117,15 @@ def remember_cpu_info() -> None:
 def cpu_info_key(proc_cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The machine cache's key of py-cpuinfo's answer: its version, the machine, and a digest
     of the first CPU's model name and flags (None where /proc/cpuinfo lists no flags)."""
-    import hashlib
     import platform
 
     import cpuinfo
 
-    try:
-        first = proc_cpuinfo.read_text().split("\n\n", 1)[0].splitlines()
-    except OSError:
+    from trainer.machine_cache import cpu_digest
+
+    digest = cpu_digest(proc_cpuinfo)
+    if digest is None:
         return None
-    wanted = ("model name", "flags", "Features", "CPU part")  # (x86; Arm: Features, part)
-    fields = {}
-    for line in first:
-        name, colon, value = line.partition(":")
-        if colon and name.strip() in wanted:
-            fields[name.strip()] = value.strip()
-    if "flags" not in fields and "Features" not in fields:
-        return None
-    text = "\n".join(f"{name}={value}" for name, value in sorted(fields.items()))
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     version = ".".join(map(str, getattr(cpuinfo, "CPUINFO_VERSION", ())))
     return f"py-cpuinfo {version} | {platform.machine()} | cpu {digest}"
 
