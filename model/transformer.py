@@ -159,6 +159,9 @@ class Transformer(nn.Module):
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         self.loss_chunking: LossChunking | None = None  # None: a CPU's (model/loss.py)
+        # a source padding mask even for a batch without padding (set where compiled: see
+        # `always_mask_source`)
+        self.source_mask_always = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -209,9 +212,20 @@ class Transformer(nn.Module):
         regions: the layers of a stack share their code, so one graph (per stack, grad mode and
         shape class) serves all of them and compiling costs about one layer's time, not the
         model's. Embeddings, masks and the chunked loss stay eager; decoding with a cache runs
-        the layers eagerly (its shapes change every step). Parameter names are unchanged."""
+        the layers eagerly (its shapes change every step). Parameter names are unchanged. The
+        source mask is passed for every batch (`always_mask_source`), so that batches with and
+        without padding share the graph."""
+        self.always_mask_source()
         for layer in (*self.encoder.layers, *self.decoder.layers):
             layer.compile(**kwargs)
+
+    def always_mask_source(self) -> None:
+        """Pass a source mask to the layers also for a batch without padding (an all-attend
+        mask: the same outputs). For compiled code: a mask that is a tensor in one batch and
+        None in the next is another graph, compiled again (~3 s of CPU per layer stack at
+        d_model 32, and the whole model under `train.compile: true`, where the host's `padded`
+        flag would be a guard as well)."""
+        self.source_mask_always = True
 
     def output_projection(self, h: Tensor) -> Tensor:
         """Decoder states (B, T, D) -> logits (B, T, V) through the shared embedding."""
@@ -223,9 +237,12 @@ class Transformer(nn.Module):
         `padded`: whether any row of `src` holds padding, as the caller knows it (a training
         batch says so on the host); None looks at `src` (one device-to-host sync).
         """
-        if padded is None:
-            padded = bool(src.eq(PAD_ID).any())
-        src_pad_mask = src.eq(PAD_ID) if padded else None  # (B, S)
+        if self.source_mask_always:
+            src_pad_mask: Tensor | None = src.eq(PAD_ID)  # (B, S), maybe all False
+        else:
+            if padded is None:
+                padded = bool(src.eq(PAD_ID).any())
+            src_pad_mask = src.eq(PAD_ID) if padded else None  # (B, S)
         x = self.embed(src)  # (B, S, D)
         return EncoderOut(self.encoder(x, src_pad_mask), src_pad_mask)
 

@@ -1,5 +1,6 @@
 """`train.compile: layers`: each encoder and decoder layer compiled as a region gives the eager
-model's loss and gradients, one graph serves all the layers of a stack, and decoding with a cache
+model's loss and gradients, one graph serves all the layers of a stack and batches with and
+without padding, and decoding with a cache
 stays eager and gives the same tokens.
 
 Each case runs in a fresh interpreter, so that a crash of compiled code fails the test and not
@@ -57,6 +58,13 @@ def compare(dtype_name: str) -> dict[str, float]:
     total = torch.cat([g.flatten() for g in grads[0].values()]).norm()
     out["grad_rel"] = max(float((grads[0][n] - grads[1][n]).norm() / total) for n in grads[0])
     out["grads"] = float(len(grads[1]) == len(grads[0]) == len(list(eager.parameters())))
+    # a batch of other lengths without any padding: the same graphs (the source mask is passed
+    # all the same), where a mask of None would compile each stack again
+    full_src, full_tgt = torch.randint(4, 64, (3, 7)), torch.randint(4, 64, (3, 6))
+    losses = [m(full_src, full_tgt[:, :-1], full_tgt[:, 1:], 0.1, src_padded=False)[0]
+              for m in (eager, compiled)]  # fmt: skip
+    losses[1].backward()
+    out["unpadded_rel"] = abs(float(losses[0]) - float(losses[1])) / abs(float(losses[0]))
     out["graphs"] = float(counters["stats"]["unique_graphs"])
     eager.eval(), compiled.eval()
     with torch.no_grad():
@@ -73,8 +81,10 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(dtype: str, tol: floa
     got = compiled_in_fresh_python(f"tests.model.test_compile_layers:compare({dtype!r})")
     assert isinstance(got, dict)
     assert got["loss_rel"] <= tol and got["grad_rel"] <= tol * 10, got
+    assert got["unpadded_rel"] <= tol, got
     assert got["grads"] == 1.0, got  # every parameter got its gradient through the regions
-    # one graph per stack (encoder layer, decoder layer), whatever the number of layers
+    # one graph per stack (encoder layer, decoder layer), whatever the number of layers, for
+    # batches with and without padding
     assert got["graphs"] <= 2, got
     assert got["same_decode"] == 1.0, got
     assert got["graphs_after_decode"] <= 4, got  # evaluation's no-grad graphs at most
