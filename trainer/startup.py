@@ -149,8 +149,8 @@ def describe(rank: int, peer: Record | None, now: float) -> str:
         return f"rank {rank}, which never started (no start-up record)"
     return (
         f"rank {rank} ({peer.host}, pid {peer.pid}), still at {peer.phase!r} since "
-        f"{now - peer.since:.0f} s"
-    )
+        f"{max(0.0, now - peer.since):.0f} s"
+    )  # (`now` may be a file's time, which the kernel keeps coarser than time.time())
 
 
 def start_trace(run_logs: Path) -> StartTrace:

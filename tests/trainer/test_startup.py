@@ -103,3 +103,15 @@ def test_a_record_of_an_earlier_start_of_the_group_is_not_this_ones(
     assert waiting_for(tmp_path, ATTEMPT, 0, 0.0).endswith(
         "for rank 1, which never started (no start-up record)"
     )
+
+
+def test_a_time_read_from_a_file_just_before_a_peers_record_reads_0_s(tmp_path: Path) -> None:
+    """A watchdog's time is its stack file's mtime, which the kernel keeps coarser than
+    time.time(): a peer's record from the same instant can be a few ms later. Not '-0 s'."""
+    mine, behind = traces(tmp_path, 2)
+    behind.enter("restore")
+    mine.enter("first step")
+    record = read_record(tmp_path, ATTEMPT, 1)
+    assert record is not None
+    line = waiting_for(tmp_path, ATTEMPT, 0, record.since - 0.004)
+    assert "still at 'restore' since 0 s" in line, line
