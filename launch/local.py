@@ -77,12 +77,17 @@ def child_env(use_cuda: bool) -> dict[str, str]:
     return env
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields after the command name: state, ppid, pgrp, session, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def child_pids(pid: int) -> list[int]:
     """Direct children of `pid`, read from /proc (torchrun's workers)."""
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(stat.parent.name)
         except OSError:
             continue
         if int(fields[1]) == pid:
@@ -91,13 +96,15 @@ def child_pids(pid: int) -> list[int]:
 
 
 def rank_pids(agent: int) -> list[int]:
-    """torchrun's workers: the agent's children that run this Python (forked from it or new
-    interpreters), not the compilers it runs while it loads DeepSpeed's ops (launch/agent.py)."""
+    """torchrun's workers: the agent's children that run this Python in a session of their
+    own (torchrun starts each rank so; a forked one makes itself one first, launch/rank.py).
+    Not the compilers the agent runs while it loads DeepSpeed's ops (launch/agent.py), not even
+    in the instant between their fork and their exec, when they too are this Python."""
     python = os.path.realpath(sys.executable)
     out = []
     for pid in child_pids(agent):
-        with contextlib.suppress(OSError):
-            if os.path.realpath(f"/proc/{pid}/exe") == python:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if os.path.realpath(f"/proc/{pid}/exe") == python and int(_stat_fields(pid)[3]) == pid:
                 out.append(pid)
     return out
 

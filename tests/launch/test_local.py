@@ -53,22 +53,27 @@ main(["train", "--config", "{ROOT}/configs/tiny.yaml", "--nproc", "2", "--run-di
 
 
 def test_the_workers_of_an_agent_are_its_python_children() -> None:
-    """What the launcher and a Slurm node task signal and count as started ranks: not a
-    compiler the agent runs while it loads DeepSpeed's ops."""
+    """What the launcher and a Slurm node task signal and count as started ranks: this
+    Python in a session of its own (as torchrun starts a rank, and as a forked rank makes
+    itself); not a compiler the agent runs while it loads DeepSpeed's ops, nor the fork of the
+    agent that is about to exec one (this Python, in the agent's session: a Slurm job once took
+    it for a rank and so a failed rendezvous for a failed job)."""
     import os
     import time
 
     compiler = subprocess.Popen(["sleep", "30"])
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    about_to_exec = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    rank = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
+    )
+    children = (compiler, about_to_exec, rank)
     try:
         deadline = time.monotonic() + 10  # until the rank has exec'd this Python
         while rank.pid not in rank_pids(os.getpid()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert rank.pid in rank_pids(os.getpid())
-        assert compiler.pid not in rank_pids(os.getpid())
-        assert {compiler.pid, rank.pid} <= set(child_pids(os.getpid()))
+        assert rank_pids(os.getpid()) == [rank.pid]
+        assert {c.pid for c in children} <= set(child_pids(os.getpid()))
     finally:
-        compiler.kill()
-        rank.kill()
-        compiler.wait()
-        rank.wait()
+        for child in children:
+            child.kill()
+            child.wait()
