@@ -159,8 +159,11 @@ class Transformer(nn.Module):
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         self.loss_chunking: LossChunking | None = None  # None: a CPU's (model/loss.py)
-        # a source padding mask even for a batch without padding (set where compiled: see
-        # `always_mask_source`)
+        # Pass a source mask (all-attend where nothing is padded: the same outputs) also for a
+        # batch without padding. Set where compiled: a mask that is a tensor in one batch and
+        # None in the next is another graph, compiled again (~3 s of CPU per layer stack at
+        # d_model 32; the whole model under `train.compile: true`, where the host's `padded`
+        # flag would be a guard as well).
         self.source_mask_always = False
         self.reset_parameters()
 
@@ -213,19 +216,11 @@ class Transformer(nn.Module):
         shape class) serves all of them and compiling costs about one layer's time, not the
         model's. Embeddings, masks and the chunked loss stay eager; decoding with a cache runs
         the layers eagerly (its shapes change every step). Parameter names are unchanged. The
-        source mask is passed for every batch (`always_mask_source`), so that batches with and
+        source mask is passed for every batch (`source_mask_always`), so that batches with and
         without padding share the graph."""
-        self.always_mask_source()
+        self.source_mask_always = True
         for layer in (*self.encoder.layers, *self.decoder.layers):
             layer.compile(**kwargs)
-
-    def always_mask_source(self) -> None:
-        """Pass a source mask to the layers also for a batch without padding (an all-attend
-        mask: the same outputs). For compiled code: a mask that is a tensor in one batch and
-        None in the next is another graph, compiled again (~3 s of CPU per layer stack at
-        d_model 32, and the whole model under `train.compile: true`, where the host's `padded`
-        flag would be a guard as well)."""
-        self.source_mask_always = True
 
     def output_projection(self, h: Tensor) -> Tensor:
         """Decoder states (B, T, D) -> logits (B, T, V) through the shared embedding."""

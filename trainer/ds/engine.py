@@ -199,7 +199,7 @@ def build_engine(
         # nn.Module.compile in place: parameter names, and so checkpoints, stay the same.
         kwargs = {"mode": job.train.compile_mode, **compile_for_varying_shapes()}
         if scope == "model":
-            model.always_mask_source()
+            model.source_mask_always = True  # one graph for padded and unpadded batches
             engine.compile(compile_kwargs=kwargs)
         else:
             model.compile_layers(**kwargs)
