@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from launch.agent import rank_command, torchrun_program
+from trainer.run_dir import RunDir
 
 
 def inside_torchrun() -> bool:
@@ -42,9 +43,11 @@ def train_args(
     """torchrun's arguments after where its ranks run (locally or on a job's nodes): restarts
     of the group, the grace period on TERM, the signals it handles itself, and the ranks'
     command (`paperscale train` of `config_file` into `run_dir`, forked or a new
-    interpreter as `start` says)."""
+    interpreter as `start` says). torchrun's own records (a folder per attempt, a failed rank's
+    error.json) go to RUN/logs/torchrun, with the run, not to a new folder in /tmp each start."""
     return [
         f"--max-restarts={max_restarts}",
+        f"--log-dir={RunDir(run_dir).torchrun_logs}",
         f"--shutdown_timeout={math.ceil(grace_s)}",
         # torchrun leaves TERM and INT to the ranks (it ignores them: see run_torchrun) and
         # waits for them to save and exit instead of killing them after a traceback

@@ -17,6 +17,7 @@ RUN/job.sbatch  RUN/slurm.json  RUN/logs/slurm-<jobid>.out   `submit`
 RUN/logs/startup-failed-<jobid>.<restart>.<try>-node<n>.txt   a torchrun that started no rank
 RUN/logs/watchdog-<attempt>-rank<r>.txt   the stacks of a rank whose watchdog ended it
 RUN/logs/start-<attempt>-rank<r>.txt   where a rank is in its start-up (trainer/startup.py)
+RUN/logs/torchrun/<id>_<x>/attempt_<n>/<rank>/   torchrun's records (a failed rank's error.json)
 RUN/checkpoints/step_00000100/  DeepSpeed's files, meta.json, rank_00000.pt ..., complete
 RUN/checkpoints/latest          the tag of the newest complete checkpoint (written last)
 RUN/checkpoints/universal/<tag>/  the tag converted for another number of ranks
@@ -269,6 +270,10 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.root / LOGS
+
+    @property
+    def torchrun_logs(self) -> Path:
+        return self.logs / "torchrun"
 
     def slurm_log(self, job_id: str) -> Path:
         return self.logs / f"slurm-{job_id}.out"

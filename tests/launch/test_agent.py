@@ -62,6 +62,8 @@ def test_the_commands_of_both_starts() -> None:
     assert "--run-path" not in execd
     node = node_torchrun_command("py", Path("/r"), 2, 2, "n1:1", "7", True, start="fork")
     assert node[:3] == ["py", "-m", "launch.agent"] and str(RANK_SCRIPT) in node
+    for cmd in (forked, execd, node):  # torchrun's records stay with the run, not in /tmp
+        assert "--log-dir=/r/logs/torchrun" in cmd[: cmd.index("train")]
 
 
 def test_a_forked_child_becomes_a_rank(tmp_path: Path) -> None:

@@ -71,6 +71,9 @@ def test_kills_are_restarted_in_place_with_identical_losses_and_weights(
     assert len(attempts) == 4 and attempts[-1].ended and not any(a.ended for a in attempts[:-1])
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("attempt", 0) for r in records) == len(KILL_AT)
+    # torchrun's records of the four attempts, kept with the run (not in /tmp)
+    (torchrun_run,) = (run_dir / "logs/torchrun").iterdir()
+    assert sorted(p.name for p in torchrun_run.iterdir()) == [f"attempt_{k}" for k in range(4)]
 
 
 def test_the_same_failure_again_and_again_is_a_crash_loop(
