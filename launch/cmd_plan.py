@@ -90,11 +90,22 @@ def plan_gpu(args: argparse.Namespace, precision: str) -> tuple[str, str, float,
     return precision, how, gpu_mem, peak
 
 
+def read_calibration(args: argparse.Namespace) -> Calibration | None:
+    """--calibration's file, or a UsageError naming what is wrong with it."""
+    from launch.cost_model.speed import load_calibration
+
+    try:
+        return load_calibration(args.calibration) if args.calibration else None
+    except ValueError as exc:
+        raise UsageError(f"--calibration {exc}") from None
+
+
 def device_speed(
-    args: argparse.Namespace, job: Any, model: dict[str, int]
-) -> tuple[Speed, str, str, float]:
-    """(speed, precision, how, GiB per rank) of the planned device: the calibration's where it
-    measured that device (and precision), else the table's peak x MFU and an assumed overhead."""
+    args: argparse.Namespace, job: Any, model: dict[str, int], cal: Calibration | None
+) -> tuple[Speed, str, str, float, Calibration | None]:
+    """(speed, precision, how, GiB per rank, the calibration where it applies) of the planned
+    device: the calibration's where it measured that device (and precision), else the table's
+    peak x MFU and an assumed overhead."""
     from launch.cost_model.speed import (
         ASSUMED_MFU,
         ASSUMED_OVERHEAD_S,
@@ -102,7 +113,6 @@ def device_speed(
         assumed_speed,
         calibration_applies,
         gpu_measured_speed,
-        load_calibration,
         measured_speed,
         scaled_gpu_speed,
     )
@@ -112,10 +122,6 @@ def device_speed(
     if args.gpu is not None and spec is None:
         known = ", ".join(s.key for s in GPU_SPECS)
         raise UsageError(f"--gpu {args.gpu!r} is not in the table; known: {known}")
-    try:
-        cal = load_calibration(args.calibration) if args.calibration else None
-    except ValueError as exc:
-        raise UsageError(f"--calibration {exc}") from None
     why = calibration_applies(cal, spec.key if spec else None, job.train.precision) if cal else ""
     if cal is not None and not why:
         gpu_mem = args.gpu_mem if args.gpu_mem is not None else calibrated_memory(cal, args)
@@ -124,7 +130,7 @@ def device_speed(
             if job.train.precision == "auto"
             else "set in the config"
         )
-        return measured_speed(cal, model), cal.precision, how, gpu_mem
+        return measured_speed(cal, model), cal.precision, how, gpu_mem, cal
     precision, how, gpu_mem, peak = plan_gpu(args, job.train.precision)
     compiled = whole_model_compiled(job)
     untold = args.mfu is None and args.overhead_ms is None
@@ -132,15 +138,15 @@ def device_speed(
         measured = MEASURED_GPUS.get(spec.key)
         if measured:
             speed = gpu_measured_speed(spec.key, peak, measured, compiled, why)
-            return speed, precision, how, gpu_mem
+            return speed, precision, how, gpu_mem, None
         ref = min(MEASURED_GPUS, key=lambda k: abs(math.log(gpu_spec(k).half / peak)))
         ref_peak = gpu_spec(ref).half
         speed = scaled_gpu_speed(spec.key, peak, ref, ref_peak, MEASURED_GPUS[ref], compiled, why)
-        return speed, precision, how, gpu_mem
+        return speed, precision, how, gpu_mem, None
     overhead = ASSUMED_OVERHEAD_S if args.overhead_ms is None else args.overhead_ms / 1e3
     mfu = ASSUMED_MFU if args.mfu is None else args.mfu
     name = spec.key if spec else "GPU (no --gpu)"
-    return assumed_speed(name, peak, mfu, overhead, why), precision, how, gpu_mem
+    return assumed_speed(name, peak, mfu, overhead, why), precision, how, gpu_mem, None
 
 
 def whole_model_compiled(job: Any) -> bool:
@@ -174,7 +180,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     vocab = job.model.vocab_size or job.data.vocab_size
     cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
     shape = {"d_model": cfg.d_model, "d_ff": cfg.d_ff, "vocab_size": vocab}
-    speed, precision, how, gpu_mem = device_speed(args, job, shape)
+    speed, precision, how, gpu_mem, cal = device_speed(args, job, shape, read_calibration(args))
     machine = Machine(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
@@ -206,15 +212,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = {"vocab_size": vocab, "gpu": args.gpu, "precision_from": how, **plan}
     plan.update(target_from=target_from, speed_line=speed.line, speed_measured=speed.measured)
     plan["overlap_comm"] = job.train.overlap_comm
+    plan["checkpoint"] = checkpoint_figures(plan, job, machine, precision, args.write_gbs)
     if plan["recommended_stage"] is not None:
-        plan["configured"] = configured_batch(cfg, job, machine, plan, args, speed)
-        c = plan["configured"]
+        plan["configured"] = c = configured_batch(cfg, job, machine, plan, args, speed)
         plan["feed"] = feed_figures(
             c["tokens"], machine.world, c["step_s"], job.data.num_workers, not machine.on_cpu,
             job.data.store,
         )  # fmt: skip
-        plan["quality"] = quality_figures(cfg, plan, args.anchor)
-    plan["checkpoint"] = checkpoint_figures(plan, job, machine, precision, args.write_gbs)
+        timing(plan, cfg, job, cal, args.anchor)
     print(json.dumps(plan, indent=1) if args.json else format_plan(plan))
     return 0
 
@@ -261,18 +266,62 @@ def configured_batch(
     }
 
 
-def quality_figures(cfg: Any, plan: dict[str, Any], anchor_name: str | None) -> dict | None:
-    """Steps and hours to the nearest (or named) anchor's BLEU at the recommended batch."""
-    from launch.cost_model.quality import pick_anchor, time_to_quality
+def timing(
+    plan: dict[str, Any], cfg: Any, job: Any, cal: Calibration | None, anchor: str | None
+) -> None:
+    """The batch every time line prices (the config's own where it is the recommended one,
+    at its timed step where the calibration timed it), what the run spends beside its steps,
+    the horizon of a time budget, the time to the anchor's BLEU and to train.max_steps."""
+    from launch.cost_model.run_time import budget_horizon, run_time
 
-    tokens = int(plan["tokens_per_step_per_side"])
+    c = plan["configured"]
+    own = c["tokens"] == plan["tokens_per_step_per_side"] and c["fits"]
+    step_s = float(c["step_s"] if own else plan["step_s"])
+    plan["time_basis"] = {
+        "batch": "configured" if own else "recommended",
+        "tokens": int(plan["tokens_per_step_per_side"]),
+        "step_s": step_s,
+        "timed": bool(own and c["timed"]),
+    }
+    rt = run_time(cal, job.train, int(plan["world"]), step_s, plan["checkpoint"]["save_s"])
+    plan["run_time"] = {
+        "priced": rt.priced,
+        "why": rt.why,
+        "startup_s": rt.startup_s,
+        "probe_s": rt.probe_s,
+        "eval_s": rt.costs.eval_s,
+        "bleu_s": rt.costs.bleu_s,
+        "save_s": rt.costs.save_s,
+        "eval_every": rt.cadence.eval_every,
+        "bleu_every": rt.cadence.bleu_every,
+        "save_every": rt.cadence.save_every,
+        "budget_minutes": float(job.train.budget_minutes),
+        "horizon": budget_horizon(job.train, rt),
+    }
+    plan["quality"] = quality_figures(cfg, job.train, plan["time_basis"], anchor, rt)
+    plan["total_hours"] = rt.seconds_to(int(job.train.max_steps)) / 3600
+
+
+def quality_figures(
+    cfg: Any, train: Any, basis: dict[str, Any], anchor_name: str | None, rt: Any
+) -> dict | None:
+    """Steps and hours to the nearest (or named) anchor's BLEU at the time lines' batch: its
+    steps (up to the evaluation that scores BLEU, for a BLEU target), evaluations and saves."""
+    from launch.cost_model.quality import pick_anchor, time_to_quality
+    from launch.cost_model.run_time import at_bleu_evaluation
+
+    tokens = int(basis["tokens"])
     try:
         anchor = pick_anchor(cfg, tokens, anchor_name)
     except ValueError as exc:
         raise UsageError(f"--anchor: {exc}") from None
     if anchor is None:
         return None
-    return time_to_quality(anchor, tokens, float(plan["step_s"]), cfg.pre_norm)
+    q = time_to_quality(anchor, tokens, float(basis["step_s"]), cfg.pre_norm)
+    q["steps"] = at_bleu_evaluation(int(q["steps"]), train)
+    seconds = rt.target_seconds(q["steps"]) if train.target_bleu > 0 else rt.seconds_to(q["steps"])
+    q["hours"] = seconds / 3600
+    return q
 
 
 def checkpoint_figures(

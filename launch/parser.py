@@ -228,8 +228,10 @@ def add_plan(sub: Subparsers) -> None:
         "optimizer states and DeepSpeed buffers for ZeRO 0-3, activations, the largest "
         "micro-batch that fits, the accumulation reaching --target-tokens (per side) per "
         "step (by default the config's own), FLOPs, the step time (measured with "
-        "--calibration, else assumed), the time to a published run's BLEU, and the "
-        "recommended stage. Every time line prices the recommended batch.",
+        "--calibration, else assumed), what the run spends beside its steps (start-up, "
+        "evaluations, saves), the time to a published (or measured) run's BLEU, the last step "
+        "of a time budget, and the recommended stage. Every time line prices one batch (the "
+        "config's own where it is the recommended one) and says which.",
     )
     plan.add_argument("--config", required=True)
     plan.add_argument("--nodes", type=int, default=1)
@@ -270,8 +272,10 @@ def add_calibrate(sub: Subparsers) -> None:
         description="Steps the trainer's own engine on the config's model in one process (a "
         "world of one) at several micro-batch sizes and once with two micro-batches, fits the "
         "plan's step model (overhead per step + per micro-batch + tokens / rate), times the "
-        "config's own batch as a check, and writes the file `plan --calibration` reads. Run it "
-        "with the threads a rank gets (OMP_NUM_THREADS=1 for CPU ranks).",
+        "config's own batch as a check, times the engine's build, and where data.dir holds "
+        "prepared data the trainer's validation pass and decodes of its sentences; writes the "
+        "file `plan --calibration` reads. Run it with the threads a rank gets "
+        "(OMP_NUM_THREADS=1 for CPU ranks).",
     )
     cal.add_argument("--config", required=True, help="YAML preset, e.g. configs/tiny.yaml")
     cal.add_argument("--out", help="the calibration file to write (default: print only)")

@@ -228,6 +228,22 @@ class Probe(Protocol):
     def decode(self, samples: int) -> None: ...
 
 
+def probe_decodes(probe: Probe, large: int) -> tuple[float, int, float, int]:
+    """(seconds, sentences) of two decodes, of `large` // 2 and `large` sentences, for
+    `bleu_seconds`: what a decode costs whatever its size (a copy of the model, the validation
+    stream's start) and what each sentence adds, so that the first is not multiplied with the
+    second. With a single sentence to decode, the smaller decode is the empty one (no time)."""
+
+    def timed(n: int) -> float:
+        t0 = time.monotonic()
+        probe.decode(n)
+        return time.monotonic() - t0
+
+    small = large // 2
+    t_small = timed(small) if small else 0.0
+    return t_small, small, timed(large), large
+
+
 class Budget:
     """One attempt's budget: its clock, the horizon it fixes in the train state, and whether
     the budget ran out before the horizon."""
@@ -311,20 +327,9 @@ class Budget:
         return {**record, "horizon": float(horizon.total_steps)}
 
     def time_bleu(self, probe: Probe) -> float:
-        """Seconds for a BLEU of train.bleu_samples sentences, from two short decodes: what
-        one costs whatever its size (a copy of the model, the validation stream's start) and
-        what each sentence adds, so that the first is not multiplied with the second. With a
-        single sentence to decode, the smaller decode is the empty one (no time at all)."""
-
-        def timed(n: int) -> float:
-            t0 = time.monotonic()
-            probe.decode(n)
-            return time.monotonic() - t0
-
-        large = min(BLEU_PROBE_SAMPLES, self.cfg.bleu_samples)
-        small = large // 2
-        t_small = timed(small) if small else 0.0
-        return bleu_seconds(t_small, small, timed(large), large, self.cfg.bleu_samples)
+        """Seconds for a BLEU of train.bleu_samples sentences (`probe_decodes`)."""
+        wanted = self.cfg.bleu_samples
+        return bleu_seconds(*probe_decodes(probe, min(BLEU_PROBE_SAMPLES, wanted)), wanted)
 
     def spent_line(self, step: int, lr: float) -> str:
         horizon = self.state.horizon.total_steps or "not fixed yet"

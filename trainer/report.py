@@ -168,7 +168,8 @@ def measured_step_s(records: list[Record]) -> float | None:
 
 def planned_against_measured(plan: dict[str, Any], records: list[Record]) -> list[str]:
     """Lines setting RUN/plan.json (`paperscale plan --json` of the run's config) beside what
-    the run did: the step of the config's own batch, and the time to the target."""
+    the run did: the step of the config's own batch, the time to the target, and the last step
+    of a time budget."""
     lines = [f"{'':17}planned  measured  measured / planned   (RUN/plan.json)"]
 
     def line(label: str, planned: float | None, measured: float | None, unit: str) -> None:
@@ -185,6 +186,8 @@ def planned_against_measured(plan: dict[str, Any], records: list[Record]) -> lis
     line("time to target", hours * 3600 if hours else None, reached and reached[1], "s")
     steps = quality.get("steps")
     line("steps to target", steps, reached and float(reached[0]), "steps")
+    fixed = _last(records, "horizon")  # the last step a time budget fixed
+    line("budget horizon", (plan.get("run_time") or {}).get("horizon"), fixed and fixed[1], "steps")
     return lines if len(lines) > 1 else []
 
 

@@ -37,6 +37,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,8 +69,15 @@ class Rank:
         self.job = dataclasses.replace(job, train=train)
         self.cfg = cfg
         seed_everything(1)
+        if self.env.device.type == "cpu":  # a CPU run's ranks are forked with the ops loaded
+            from trainer.ds.ops import build_ops
+
+            build_ops()
+        start = time.perf_counter()
         self.engine = build_engine(self.job, cfg, self.env)
+        self.build_s = time.perf_counter() - start  # in a run, on its clock (trainer/budget.py)
         self.gen = torch.Generator().manual_seed(0)
+        self.walls: list[float] = []  # wall seconds of every step, in order
 
     @property
     def precision(self) -> str:
@@ -89,9 +97,10 @@ class Rank:
         """Seconds of one optimizer step of `accum` micro-batches of `tokens` tokens per side."""
         micro = [self.batch(tokens, seq_len) for _ in range(accum)]
         self._sync()
-        start = self.clock()
+        start, wall = self.clock(), time.perf_counter()
         train_step(self.engine, micro, self.env, self.cfg.label_smoothing, [False])
         self._sync()
+        self.walls.append(time.perf_counter() - wall)
         return self.clock() - start
 
     def _sync(self) -> None:
@@ -113,6 +122,59 @@ class Rank:
             out.append((n, accum, self.timed(n, accum, seq_len, steps)))
             log(f"{n:>8,} tokens x {accum}: {out[-1][2]:.4f} s per step")
         return out
+
+
+def data_vocab(data_dir: Path) -> int | None:
+    """The prepared data's vocabulary (its tokenizer's pieces), which a run's model takes where
+    model.vocab_size is null (trainer.ds.engine.resolve_model_config); None without data."""
+    from data_pipeline.manifest import MANIFEST_NAME, read_manifest
+
+    if not (data_dir / MANIFEST_NAME).is_file():
+        return None
+    return int(read_manifest(data_dir)["vocab_size"])
+
+
+def time_events(rank: Rank, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """Wall seconds of the trainer's own validation pass over the config's prepared validation
+    split (trainer/validation.py, this world of one rank: the whole split, or
+    train.eval_max_batches batches) and of two decodes of its sentences, as long as their
+    references (a trained model's length), at train.bleu_beam: of all the sentences an
+    in-training BLEU scores (train.bleu_samples; the whole split for a BLEU target) and of half
+    of them. None, said in `log`, without a prepared data.dir."""
+    from data_pipeline.manifest import MANIFEST_NAME, read_manifest, tokenizer_path
+    from data_pipeline.tokenizer import Tokenizer
+    from trainer.budget import probe_decodes
+    from trainer.target import bleu_samples
+    from trainer.validation import Evaluator
+
+    job, data_dir = rank.job, Path(rank.job.data.dir)
+    if not (data_dir / MANIFEST_NAME).is_file():
+        log(f"evaluation not timed: no prepared data at data.dir={data_dir}")
+        return None
+    if data_vocab(data_dir) != rank.cfg.vocab_size:
+        log(f"evaluation not timed: model.vocab_size={rank.cfg.vocab_size}, the data's "
+            f"{data_vocab(data_dir)} pieces")  # fmt: skip
+        return None
+    valid = int(read_manifest(data_dir)["splits"]["valid"]["samples"])
+    evaluator = Evaluator(rank.engine, job, Tokenizer(tokenizer_path(data_dir)), rank.env)
+    evaluator.validation()  # warm-up: the no-grad graphs, the stream's first start
+    start = time.perf_counter()
+    evaluator.validation()
+    eval_s = time.perf_counter() - start
+    sentences = min(bleu_samples(job.train), valid)
+    t_small, small, t_large, large = probe_decodes(evaluator, sentences)
+    log(
+        f"validation pass {eval_s:.2f} s ({valid:,} pairs, train.eval_max_batches="
+        f"{job.train.eval_max_batches}); decoding {large:,} sentences {t_large:.2f} s, "
+        f"{small:,} {t_small:.2f} s (beam {job.train.bleu_beam})"
+    )
+    return {
+        "valid_samples": valid,
+        "eval_max_batches": int(job.train.eval_max_batches),
+        "eval_s": eval_s,
+        "bleu_beam": int(job.train.bleu_beam),
+        "decode": {"small": small, "small_s": t_small, "large": large, "large_s": t_large},
+    }
 
 
 def fit_step_model(points: list[tuple[int, int, float]]) -> tuple[float, float, float]:
@@ -204,7 +266,7 @@ def measure(
 ) -> dict[str, Any]:
     """Everything the calibration file holds; `log` gets each point as it is measured."""
     job = load_config(config, list(overrides))
-    vocab = job.model.vocab_size or job.data.vocab_size
+    vocab = job.model.vocab_size or data_vocab(Path(job.data.dir)) or job.data.vocab_size
     cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -225,6 +287,8 @@ def measure(
         f"the model says {predicted:.4f} s ({predicted / check_s - 1:+.1%})"
     )
     facts = device_facts(device, rank.precision, cfg, micro, clock)
+    # the first step beyond the next of the same size: a compiled model's compile, first use
+    first = rank.walls[0] - rank.walls[1]
     return {
         "format": CALIBRATION_FORMAT,
         "device": device,
@@ -247,6 +311,9 @@ def measure(
             "predicted_s": predicted,
             "error": predicted / check_s - 1,
         },
+        # start-up before training: the engine built, its first step's extra (a compile)
+        "startup": {"engine_s": rank.build_s, "first_step_extra_s": max(first, 0.0)},
+        "events": time_events(rank, log),
         "config": str(config),
         "overrides": list(overrides),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

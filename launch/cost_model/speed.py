@@ -83,6 +83,20 @@ class Calibration:
     memory_gib: float | None  # the GPU's memory, or the host's for a CPU (shared by its ranks)
     # the steps it timed: (micro-batch tokens, micro-batches, seconds), its check's included
     steps: tuple[tuple[int, int, float], ...] = ()
+    startup_s: float = 0.0  # the engine built, its first step's extra (cost_model/run_time.py)
+    events: EventTimings | None = None  # its validation pass and decodes, where it timed them
+
+
+@dataclass(frozen=True)
+class EventTimings:
+    """A calibration's timings of the trainer's validation pass and decodes on the config's
+    prepared validation split, in a world of one (launch/cost_model/calibrate.py)."""
+
+    valid_samples: int
+    eval_max_batches: int
+    eval_s: float
+    bleu_beam: int
+    decodes: tuple[tuple[int, float], tuple[int, float]]  # (sentences, seconds): half, all
 
 
 def _number(raw: dict[str, Any], key: str, minimum: float, path: str) -> float:
@@ -129,7 +143,31 @@ def load_calibration(path: str | Path) -> Calibration:
         model={k: int(v) for k, v in dict(raw.get("model") or {}).items()},
         memory_gib=_number(raw, "memory_gib", 0.0, name) if raw.get("memory_gib") else None,
         steps=timed_steps(raw),
+        startup_s=sum(_number(raw["startup"], k, 0.0, name) for k in raw["startup"])
+        if isinstance(raw.get("startup"), dict)
+        else 0.0,
+        events=event_timings(raw.get("events"), name),
     )
+
+
+def event_timings(raw: Any, name: str) -> EventTimings | None:
+    """A calibration file's `events` (None where it has none); ValueError naming a bad one."""
+    if raw is None:
+        return None
+    try:
+        d = raw["decode"]
+        return EventTimings(
+            valid_samples=int(_number(raw, "valid_samples", 1, name)),
+            eval_max_batches=int(_number(raw, "eval_max_batches", 0, name)),
+            eval_s=_number(raw, "eval_s", 0.0, name),
+            bleu_beam=int(_number(raw, "bleu_beam", 1, name)),
+            decodes=(
+                (int(_number(d, "small", 0, name)), _number(d, "small_s", 0.0, name)),
+                (int(_number(d, "large", 1, name)), _number(d, "large_s", 0.0, name)),
+            ),
+        )
+    except (KeyError, TypeError):
+        raise ValueError(f"{name}: events must hold eval_s and decode timings") from None
 
 
 def timed_steps(raw: dict[str, Any]) -> tuple[tuple[int, int, float], ...]:

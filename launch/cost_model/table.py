@@ -7,6 +7,7 @@ from __future__ import annotations
 from launch.cost_model.feed import feed_lines
 from launch.cost_model.plan import GIB
 from launch.cost_model.quality import duration, quality_lines
+from launch.cost_model.run_time import run_time_lines
 from launch.cost_model.save import checkpoint_lines
 from launch.cost_model.speed import format_rate
 
@@ -111,20 +112,30 @@ def _time_lines(plan: dict) -> list[str]:
             f"{c['peak'] / GIB:.1f} GiB{', gradients summed in fp32' if c['fp32_sums'] else ''})"
             f": step {c['step_s']:.3f} s"
             + (" (timed at this batch by the calibration)" if c.get("timed") else "")
-            + (
-                ""
-                if c["tokens"] == plan["tokens_per_step_per_side"]
-                else f"; the lines below price the recommended {plan['tokens_per_step_per_side']:,}"
-            )
         )
     lines += feed_lines(plan.get("feed"), "configured")
+    return lines + _run_lines(plan)
+
+
+def _run_lines(plan: dict) -> list[str]:
+    """The batch the time lines price, what the run spends beside its steps, a budget's
+    horizon, the time to BLEU and to train.max_steps."""
+    basis = plan.get("time_basis")
+    if not basis:
+        return []
+    timed = ", timed by the calibration" if basis["timed"] else ""
+    lines = [
+        f"time lines       price the {basis['batch']} batch: {basis['tokens']:,} tokens per "
+        f"side at {basis['step_s']:.3f} s per step{timed}",
+        *run_time_lines(plan),
+    ]
     if "quality" in plan:
-        lines += quality_lines(plan["quality"], int(plan["tokens_per_step_per_side"]))
-    total = duration(plan["total_hours"])
-    lines.append(
-        f"max_steps        {total} for train.max_steps={plan['max_steps']:,} at "
-        f"{plan['step_s']:.3f} s per recommended step"
-    )
+        lines += quality_lines(plan["quality"], int(basis["tokens"]))
+    if (plan.get("run_time") or {}).get("horizon") is None:
+        lines.append(
+            f"max_steps        {duration(plan['total_hours'])} for train.max_steps="
+            f"{plan['max_steps']:,}, evaluations and saves included"
+        )
     return lines
 
 

@@ -1,6 +1,7 @@
 """The step-time calibration: `paperscale calibrate` on a small model writes a calibration file
 that `paperscale plan --calibration FILE` reads, and the plan's step time for the config's own
-batch is the calibration's model of it, figure for figure."""
+batch is the calibration's model of it, figure for figure; with the config's prepared data it
+also times the trainer's validation pass and decodes, which the plan prices."""
 
 from __future__ import annotations
 
@@ -14,18 +15,28 @@ import pytest
 
 from bench.common import SMOKE_MODEL
 from launch.cost_model.speed import CALIBRATION_FORMAT, load_calibration
+from tests.integration.conftest import synthetic_data  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
-# a small model and batch (bench/plan_calibration.py's smoke size), for the plan to match
-SMOKE = [*SMOKE_MODEL, "data.max_tokens=256"]
+# a small model and batch (bench/plan_calibration.py's smoke size), for the plan to match; the
+# synthetic data's vocabulary (tests/integration/conftest.py)
+SMOKE = [*SMOKE_MODEL, "data.max_tokens=256", "data.vocab_size=96", "train.bleu_samples=8"]
+
+
+Smoke = tuple[Path, dict, str, list[str]]
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
-    """(calibration path, its contents, the command's output) of one small calibration."""
+def smoke(
+    tmp_path_factory: pytest.TempPathFactory,
+    synthetic_data: Path,  # noqa: F811
+) -> Smoke:
+    """(calibration path, its contents, the command's output, its overrides) of one small
+    calibration, with prepared data."""
     cal = tmp_path_factory.mktemp("calibration") / "cal.json"
     command = [sys.executable, "-m", "launch.cli", "calibrate", "--config", "configs/tiny.yaml"]
-    small = ["--tokens", "64,256", "--steps", "2", "--seq-len", "16", *SMOKE]
+    over = [*SMOKE, f"data.dir={synthetic_data}"]
+    small = ["--tokens", "64,256", "--steps", "2", "--seq-len", "16", *over]
     proc = subprocess.run(
         [*command, "--out", str(cal), *small],
         cwd=ROOT,
@@ -35,16 +46,16 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return cal, json.loads(cal.read_text()), proc.stdout
+    return cal, json.loads(cal.read_text()), proc.stdout, over
 
 
-def test_calibrate_writes_a_calibration(smoke: tuple[Path, dict, str]) -> None:
-    path, cal, out = smoke
+def test_calibrate_writes_a_calibration(smoke: Smoke) -> None:
+    path, cal, out, _ = smoke
     assert "the model says" in out and f"calibration      {path}" in out
     assert cal["format"] == CALIBRATION_FORMAT and cal["device"] == "cpu"
     assert cal["precision"] in ("bf16", "fp32") and cal["threads"] == 1 and cal["clock"] == "cpu"
     assert cal["flops_per_s"] > 0 and cal["overhead_s"] >= 0 and cal["overhead_micro_s"] >= 0
-    assert cal["model"] == {"d_model": 32, "d_ff": 64, "vocab_size": 8000}
+    assert cal["model"] == {"d_model": 32, "d_ff": 64, "vocab_size": 96}
     assert [(p["micro_tokens"], p["grad_accum"]) for p in cal["points"]] == [
         (64, 1),
         (256, 1),
@@ -61,6 +72,14 @@ def test_calibrate_writes_a_calibration(smoke: tuple[Path, dict, str]) -> None:
     )
     loaded = load_calibration(path)
     assert loaded.flops_per_s == cal["flops_per_s"] and loaded.gpu_key is None
+    # the start-up and, with prepared data, the validation pass and two decodes of 8 and 4
+    assert cal["startup"]["engine_s"] > 0 and cal["startup"]["first_step_extra_s"] >= 0
+    events = cal["events"]
+    assert events["valid_samples"] == 64 and events["eval_s"] > 0 and events["bleu_beam"] == 1
+    assert (events["decode"]["small"], events["decode"]["large"]) == (4, 8)
+    assert "validation pass" in out and "decoding 8 sentences" in out
+    assert loaded.events is not None and loaded.events.decodes[1][0] == 8
+    assert loaded.startup_s == pytest.approx(sum(cal["startup"].values()))
 
 
 def test_the_step_model_fit_recovers_its_terms_and_keeps_them_non_negative() -> None:
@@ -88,12 +107,12 @@ def _plan(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_plan_predicts_with_the_calibration(smoke: tuple[Path, dict, str]) -> None:
+def test_plan_predicts_with_the_calibration(smoke: Smoke) -> None:
     """Two CPU ranks of the small model: the plan's step for the config's own batch (256 x 2
     per rank) is the one the calibration timed at that batch (its check), another batch's is
     the model's prediction, and the speed line says it was measured."""
-    path, cal, _ = smoke
-    args = ["--gpus-per-node", "2", "--calibration", str(path), "--seq-len", "16", *SMOKE]
+    path, cal, _, over = smoke
+    args = ["--gpus-per-node", "2", "--calibration", str(path), "--seq-len", "16", *over]
     proc = _plan(*args, "--json")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
@@ -111,12 +130,33 @@ def test_plan_predicts_with_the_calibration(smoke: tuple[Path, dict, str]) -> No
     table = _plan(*args).stdout
     assert f"speed            {cal['device_name']}: measured here ({path})" in table
     assert "as configured    256 x 2 x 2 ranks = 1,024 tokens per side" in table
+    # beside the steps: the timed start-up, the validation pass shared by the 2 ranks, and
+    # the decode of each rank's 4 of the 8 BLEU sentences (the smaller decode's own figure)
+    rt, events = plan["run_time"], cal["events"]
+    assert rt["priced"] and rt["eval_s"] == pytest.approx(events["eval_s"] / 2)
+    assert rt["startup_s"] == pytest.approx(sum(cal["startup"].values()))
+    (small, t_small), (large, t_large) = [(events["decode"][k], events["decode"][f"{k}_s"])
+                                          for k in ("small", "large")]  # fmt: skip
+    per = max(t_large - t_small, 0) / (large - small)
+    assert rt["bleu_s"] == pytest.approx(max(t_small - per * small, 0) + per * 4)
+    assert "beyond steps     start-up" in table and "(per rank, from the calibration)" in table
 
 
-def test_a_gpu_the_calibration_did_not_measure_is_assumed(
-    smoke: tuple[Path, dict, str],
-) -> None:
-    path, cal, _ = smoke
+def test_a_calibration_without_timed_evaluations_prices_none(smoke: Smoke, tmp_path: Path) -> None:
+    """A calibration taken without prepared data (its `events` null) prices no evaluation, and
+    the plan says why."""
+    _, cal, _, over = smoke
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({**cal, "events": None}))
+    args = ["--gpus-per-node", "2", "--calibration", str(bare), "--seq-len", "16", *over]
+    plan = json.loads(_plan(*args, "--json").stdout)
+    assert not plan["run_time"]["priced"] and plan["run_time"]["eval_s"] == 0
+    assert plan["run_time"]["why"] == "the calibration timed none (no prepared data.dir)"
+    assert "evaluations not priced (the calibration timed none" in _plan(*args).stdout
+
+
+def test_a_gpu_the_calibration_did_not_measure_is_assumed(smoke: Smoke) -> None:
+    path, cal, _, _ = smoke
     proc = _plan("--gpu", "a100", "--calibration", str(path))
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("speed"))

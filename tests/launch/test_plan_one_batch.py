@@ -1,6 +1,7 @@
 """`plan` plans the config it is given: by default the step is the config's own tokens per
-step, and every time line (step time, time to BLEU, max_steps) prices that one batch and says
-so; the anchor follows the recipe (a pre-norm preset is MLPerf's)."""
+step, and every time line (time to BLEU, max_steps, a budget's horizon) prices that one batch
+and says so, its saves (and, calibrated with data, its evaluations) included; the anchor
+follows the recipe (a pre-norm preset is MLPerf's)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,15 @@ ANCHOR = {
     "configs/base_8gpu.yaml": "paper-base",  # pre-norm base: no published pre-norm base run
     "configs/big_8gpu.yaml": "fairseq-scaling",
     "configs/big_mlperf_8gpu.yaml": "mlperf-v0.7",
+    "configs/synthetic.yaml": "synthetic-90",
 }
+
+
+def seconds(steps: int, step_s: float, save_s: float, save_every: int) -> float:
+    """`steps` steps and their saves (the periodic ones before the last step, and the last
+    one's): what a run without priced evaluations or start-up spends."""
+    saves = (steps - 1) // save_every + 1 if save_every else 1
+    return steps * step_s + saves * save_s
 
 
 @pytest.mark.parametrize("path", PRESETS)
@@ -33,22 +42,33 @@ def test_every_time_line_prices_the_configs_own_batch(path: str) -> None:
     plan = json.loads(proc.stdout)
     assert plan["target_tokens_per_side"] == own
     assert plan["target_from"].startswith("config: ")
-    tokens, step_s = plan["tokens_per_step_per_side"], plan["step_s"]
+    tokens, basis = plan["tokens_per_step_per_side"], plan["time_basis"]
     assert abs(tokens / own - 1) <= 0.1  # --batch-tolerance
-    assert plan["total_hours"] == pytest.approx(job.train.max_steps * step_s / 3600)
+    assert basis["tokens"] == tokens and basis["batch"] == "configured"
+    step_s, save_s, every = basis["step_s"], plan["checkpoint"]["save_s"], job.train.save_every
+    assert plan["run_time"]["save_s"] == save_s and not plan["run_time"]["priced"]
+    total = seconds(job.train.max_steps, step_s, save_s, every)
+    assert plan["total_hours"] == pytest.approx(total / 3600)
     assert plan["max_steps"] == job.train.max_steps
     quality = plan["quality"]
     if path in ANCHOR:
         assert quality["anchor"] == ANCHOR[path]
-        assert (
-            quality["steps"] * tokens >= quality["anchor_tokens"] > (quality["steps"] - 1) * tokens
+        need = -(-quality["anchor_tokens"] // tokens)  # ceil
+        assert quality["steps"] >= need
+        assert quality["steps"] == need or quality["steps"] % job.train.bleu_every == 0
+        assert quality["hours"] == pytest.approx(
+            seconds(quality["steps"], step_s, save_s, every) / 3600, rel=1e-6, abs=1e-9
         )
-        assert quality["hours"] == pytest.approx(quality["steps"] * step_s / 3600)
     else:
-        assert quality is None  # not the paper's shapes: no published run to price
+        assert quality is None  # no published (or measured) run of this model to price
     table = plan_cli("--config", path, "--gpu", "h100").stdout
-    assert f"step time        {step_s:.3f} s per recommended step ({tokens:,} tokens" in table
-    assert f"at {step_s:.3f} s per recommended step" in table
+    assert f"time lines       price the configured batch: {tokens:,} tokens per side at " in table
+    assert f"at {step_s:.3f} s per step" in table
+    if job.train.budget_minutes:  # the budget ends the run, not max_steps
+        assert f"train.budget_minutes={job.train.budget_minutes:g}: the run ends at step" in table
+        assert "max_steps        " not in table
+    else:
+        assert f"for train.max_steps={job.train.max_steps:,}, evaluations and saves" in table
     if path in ANCHOR:
         assert f"/ {tokens:,} per step = {quality['steps']:,} steps" in table
 
@@ -62,4 +82,4 @@ def test_the_mlperf_preset_is_planned_as_mlperf_ran_it() -> None:
     assert plan["quality"]["bleu"] == 25.0 and not plan["quality"]["norm_differs"]
     # a number still plans another batch, and the lines say which one they price
     other = plan_cli("--config", path, "--gpu", "h200", "--target-tokens", "25000")
-    assert "; the lines below price the recommended 2" in other.stdout
+    assert "time lines       price the recommended batch: 2" in other.stdout

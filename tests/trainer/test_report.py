@@ -82,16 +82,19 @@ def test_the_plan_in_the_run_dir_is_set_beside_what_the_run_did(tmp_path: Path) 
         records.append({"step": step, "loss": 3.0, "tgt_tokens_per_step": 2000.0,
                         "tgt_tokens_per_s": per_s})  # fmt: skip
     records[-1]["time_to_target_s"] = 60.0
+    records[3]["horizon"] = 25.0  # a budget's horizon, fixed after step 4
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     _, plain = write_report(tmp_path)
     assert "planned" not in plain  # no plan in the run dir: the summary alone
-    plan = {"step_s": 9.9, "configured": {"step_s": 2.0}, "quality": {"hours": 0.02, "steps": 16}}
+    plan = {"step_s": 9.9, "configured": {"step_s": 2.0}, "quality": {"hours": 0.02, "steps": 16},
+            "run_time": {"horizon": 20}}  # fmt: skip
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     _, summary = write_report(tmp_path)
-    rows = {line[:17].strip(): line[17:].split() for line in summary.splitlines()[-4:]}
+    rows = {line[:17].strip(): line[17:].split() for line in summary.splitlines()[-5:]}
     assert rows["step"] == ["2", "2.5", "1.25", "s"]  # the configured batch's step, not 9.9
     assert rows["time to target"] == ["72", "60", "0.83", "s"]
     assert rows["steps to target"] == ["16", "20", "1.25", "steps"]
+    assert rows["budget horizon"] == ["20", "25", "1.25", "steps"]
     (tmp_path / "plan.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"plan\.json is not a plan's JSON"):
         write_report(tmp_path)
