@@ -226,7 +226,22 @@ def _batch_scaling_to_the_target(outcome: suite.Outcome) -> None:
     assert by_figure["B: training seconds to B's final valid nll"] > 0
 
 
+def _plan_against_its_runs(outcome: suite.Outcome) -> None:
+    """bench plan_check --smoke: the plan, calibrated on the data, priced the evaluations and
+    predicted a horizon for the budget, which the run fixed too; the run reached its NLL target
+    at its first evaluation (step 10), and the plan has a time for that step."""
+    by_figure = {r["figure"]: r for r in outcome.rows}
+    planned, fixed = by_figure["budget: planned horizon"], by_figure["budget: the run's horizon"]
+    assert planned["priced"] is True and planned["value"] > 0 and fixed["value"] > 0
+    assert by_figure["budget: the run's measured step"]["value"] > 0
+    assert by_figure["target: the run's step"]["value"] == 10
+    assert by_figure["target: the run's time_to_target_s"]["value"] > 0
+    assert by_figure["target: planned time to the run's step"]["value"] > 0
+    assert "target: planned time to target (anchor)" not in by_figure  # no anchor at smoke size
+
+
 CHECKS: dict[str, Callable[[suite.Outcome], None]] = {
+    "plan_check": _plan_against_its_runs,
     "batch_scaling": _batch_scaling_to_the_target,
     "save_overhead": _save_overhead_side_by_side,
     "loss_memory": _chunked_loss_holds_less,

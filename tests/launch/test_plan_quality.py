@@ -3,6 +3,7 @@ hours at the planned step, the step time with its overhead, and the lines `plan`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -26,13 +27,20 @@ def test_anchor_budgets() -> None:
     assert ANCHOR["paper-big"].tokens == 300_000 * 25_000
     assert ANCHOR["mlperf-v0.7"].tokens == 3_632 * 8 * 13_824
     assert ANCHOR["fairseq-scaling"].tokens == 24_000 * 8 * 3_584 * 16
-    assert {a.bleu for a in ANCHORS} == {27.3, 28.4, 25.0, 29.3}
+    assert ANCHOR["synthetic-90"].tokens == 800 * 2 * 2_048  # configs/synthetic.yaml's step
+    assert {a.bleu for a in ANCHORS} == {27.3, 28.4, 25.0, 29.3, 90.0}
 
 
 def test_the_anchor_of_the_same_recipe_nearest_the_planned_step_is_picked() -> None:
     """The layer norm placement first (a pre-norm big model is MLPerf's recipe), then the
     batch nearest the planned step."""
     assert model_kind(BIG) == "big" and model_kind(BASE) == "base" and model_kind(TINY) is None
+    synthetic = ModelConfig(vocab_size=300, d_model=128, n_heads=4, d_ff=512, encoder_layers=2,
+                            decoder_layers=2)  # fmt: skip
+    assert model_kind(synthetic) == "synthetic"
+    assert pick_anchor(synthetic, 4_096).name == "synthetic-90"
+    # the same shape on another vocabulary is another task: no anchor
+    assert model_kind(dataclasses.replace(synthetic, vocab_size=8000)) is None
     assert pick_anchor(BIG, 25_000).name == "paper-big"
     assert pick_anchor(BIG, 32_768).name == "paper-big"
     assert pick_anchor(BIG, 110_592).name == "fairseq-scaling"  # post-norm, as the config
@@ -89,7 +97,12 @@ def test_cli_prints_the_time_to_bleu_and_its_reasoning() -> None:
     assert "as configured    14,336 x 4 x 8 ranks = 458,752 tokens per side at ZeRO 1 (fits" in out
     plan = json.loads(plan_cli(*args, "--json").stdout)
     assert plan["quality"]["steps"] == 24_000 and plan["speed_measured"] is True
-    assert plan["quality"]["hours"] == pytest.approx(24_000 * plan["step_s"] / 3600)
+    # its steps at the configured batch (the recommended one's tokens) and its saves
+    basis, rt = plan["time_basis"], plan["run_time"]
+    assert basis["batch"] == "configured" and basis["tokens"] == 458_752
+    saves = (24_000 - 1) // rt["save_every"] + 1
+    want = 24_000 * basis["step_s"] + saves * rt["save_s"]
+    assert plan["quality"]["hours"] == pytest.approx(want / 3600)
     assert plan["step_s"] == pytest.approx(plan["compute_s"] + plan["comm_s"])
     last_bucket = 50_000_000 / 214_245_376
     assert plan["mfu"] == 0.235 and plan["comm_s"] == pytest.approx(0.00215 * last_bucket, rel=0.01)
