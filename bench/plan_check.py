@@ -2,8 +2,8 @@
 a time budget fixes (the demo preset, 12 minutes) and the time to a BLEU target (the synthetic
 task, train.target_bleu=90).
 
-Each case is what a user types: `paperscale calibrate --config C --out CAL` (one rank, one
-thread), `paperscale plan --config C --nodes 1 --gpus-per-node 2 --calibration CAL --json`, then
+Each case is what a user types: `paperscale calibrate --config C --out CAL --ranks 2` (the
+run's 2 ranks in one world, one thread each), `paperscale plan --config C --nodes 1 --gpus-per-node 2 --calibration CAL --json`, then
 `paperscale train --config C --nproc 2`; the plan's figures against the run's summary and log.
 The time to target is given twice: as planned from the anchor's steps (what a user is told
 before the run), and as the plan's time to the step the run did reach its target at (the time
@@ -71,7 +71,8 @@ def calibrated_plan(work: Path, config: str, overrides: Sequence[str], smoke: bo
     work.mkdir(parents=True, exist_ok=True)
     cal = work / "calibration.json"
     size = SMOKE_CALIBRATION if smoke else ()
-    run = [*CLI, "calibrate", "--config", config, "--out", str(cal), *size, *overrides]
+    run = [*CLI, "calibrate", "--config", config, "--out", str(cal), "--ranks", "2", *size,
+           *overrides]  # fmt: skip
     run_command(run, work / "calibrate.log", CPU_ENV, timeout=900)
     plan = [*CLI, "plan", "--config", config, "--nodes", "1", "--gpus-per-node", "2",
             "--calibration", str(cal), "--json", *overrides]  # fmt: skip

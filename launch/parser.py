@@ -288,6 +288,14 @@ def add_calibrate(sub: Subparsers) -> None:
     cal.add_argument("--seq-len", type=int, default=32, help="tokens per sentence (32)")
     cal.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     cal.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        help="CPU: time rank 0 of N local ranks in one world (torchrun started here), as a "
+        "run's N ranks step: the gradients' synchronisation and the shared cores, caches and "
+        "memory in, each rank's share of the evaluations (1: a world of one)",
+    )
+    cal.add_argument(
         "--clock",
         choices=["auto", "wall", "cpu"],
         default="auto",

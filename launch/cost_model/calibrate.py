@@ -136,11 +136,11 @@ def data_vocab(data_dir: Path) -> int | None:
 
 def time_events(rank: Rank, log: Callable[[str], None]) -> dict[str, Any] | None:
     """Wall seconds of the trainer's own validation pass over the config's prepared validation
-    split (trainer/validation.py, this world of one rank: the whole split, or
+    split (trainer/validation.py: this rank's share of it in the calibration's world, or
     train.eval_max_batches batches) and of two decodes of its sentences, as long as their
     references (a trained model's length), at train.bleu_beam: of all the sentences an
     in-training BLEU scores (train.bleu_samples; the whole split for a BLEU target) and of half
-    of them. None, said in `log`, without a prepared data.dir."""
+    of them, each rank its share. None, said in `log`, without a prepared data.dir."""
     from data_pipeline.manifest import MANIFEST_NAME, read_manifest, tokenizer_path
     from data_pipeline.tokenizer import Tokenizer
     from trainer.budget import probe_decodes
@@ -170,6 +170,7 @@ def time_events(rank: Rank, log: Callable[[str], None]) -> dict[str, Any] | None
     )
     return {
         "valid_samples": valid,
+        "world": rank.env.world_size,  # the ranks that shared the split and the sentences
         "eval_max_batches": int(job.train.eval_max_batches),
         "eval_s": eval_s,
         "bleu_beam": int(job.train.bleu_beam),
@@ -253,6 +254,13 @@ def micro_batch_sizes(tokens: Sequence[int] | None, config_micro: int, seq_len: 
     return [max(1, t // seq_len) * seq_len for t in sizes]
 
 
+def model_config(job: Any) -> ModelConfig:
+    """The config's model, its vocabulary the prepared data's where model.vocab_size is null
+    (as a run's), else data.vocab_size."""
+    vocab = job.model.vocab_size or data_vocab(Path(job.data.dir)) or job.data.vocab_size
+    return ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+
+
 def measure(
     config: str,
     overrides: Sequence[str] = (),
@@ -262,19 +270,38 @@ def measure(
     seq_len: int = 32,
     device: str = "auto",
     clock: str = "auto",
+    ranks: int = 1,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Everything the calibration file holds; `log` gets each point as it is measured."""
+    """Everything the calibration file holds; `log` gets each point as it is measured. In a
+    world of `ranks` local ranks (torchrun started them: `paperscale calibrate --ranks N`)
+    every rank runs this, in step, and rank 0's figures are the calibration's: steps with the
+    gradients' synchronisation, each rank's share of the validation pass and decodes."""
     job = load_config(config, list(overrides))
-    vocab = job.model.vocab_size or data_vocab(Path(job.data.dir)) or job.data.vocab_size
-    cfg = ModelConfig(**{**job.model.__dict__, "vocab_size": vocab})
+    cfg = model_config(job)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     micro = job.data.max_tokens
     sizes = micro_batch_sizes(tokens, micro, seq_len)
-    if clock == "auto":  # a one-thread CPU rank: its own CPU seconds
-        clock = "cpu" if device == "cpu" and torch.get_num_threads() == 1 else "wall"
+    if clock == "auto":  # a one-thread CPU rank alone: its own CPU seconds (waits are not)
+        alone = device == "cpu" and torch.get_num_threads() == 1 and ranks == 1
+        clock = "cpu" if alone else "wall"
     rank = Rank(job, cfg, device, clock)
+    if rank.env.world_size != ranks:
+        raise RuntimeError(f"calibrating {ranks} ranks in a world of {rank.env.world_size}")
+    if ranks > 1:
+        log(f"{ranks} ranks in one world, timed on rank 0 (the gradients' synchronisation in)")
+    return _measured(rank, job, cfg, sizes, steps, seq_len, device, clock, log) | {
+        "ranks": ranks, "config": str(config), "overrides": list(overrides),
+    }  # fmt: skip
+
+
+def _measured(
+    rank: Rank, job: Any, cfg: ModelConfig, sizes: list[int], steps: int, seq_len: int,
+    device: str, clock: str, log: Callable[[str], None],
+) -> dict[str, Any]:  # fmt: skip
+    """measure's figures, timed on `rank`."""
+    vocab, micro = cfg.vocab_size, job.data.max_tokens
     points = rank.points(sizes, seq_len, steps, log)
     per_step, per_micro, slope = fit_step_model(points)
     per_token = step_flops(cfg, 1000, 1000, seq_len, seq_len) / 1000
@@ -314,8 +341,6 @@ def measure(
         # start-up before training: the engine built, its first step's extra (a compile)
         "startup": {"engine_s": rank.build_s, "first_step_extra_s": max(first, 0.0)},
         "events": time_events(rank, log),
-        "config": str(config),
-        "overrides": list(overrides),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 

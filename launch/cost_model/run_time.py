@@ -5,14 +5,14 @@ are what the run itself would reckon.
 
 Where the figures come from:
 - start-up: the calibration's engine build and the extra of its first step (a compiled
-  model's compile), in a world of one; 0 without a calibration.
+  model's compile); 0 without a calibration.
 - a validation pass: the calibration's timing of the trainer's own pass over the config's
-  prepared validation split in a world of one (launch/cost_model/calibrate.py), shared by the
-  run's ranks (each takes 1/world of the split; with train.eval_max_batches each runs that many
-  batches, as the world of one did).
+  prepared validation split (launch/cost_model/calibrate.py), a rank's share of it then (1/N of
+  the split in a calibration of N ranks) scaled to the run's ranks' (with
+  train.eval_max_batches each rank runs that many batches, whatever the world).
 - a BLEU pass: the line through the calibration's two decodes (half of the sentences and all of
-  them, as long as their references: a trained model's length), at each rank's share of the
-  sentences.
+  them, as long as their references: a trained model's length; each rank its share), at the
+  run's ranks' share of the sentences.
 - a save: the checkpoint's size at `--write-gbs` (launch/cost_model/save.py).
 Without a calibration that timed them (no prepared data.dir when it ran, or other
 train.eval_max_batches or bleu_beam than the config's), evaluations cost 0 and the plan says
@@ -77,11 +77,14 @@ def run_time(
         )
     if why or events is None:
         return RunTime(startup, Costs(step_s, 0.0, 0.0, save_s), cadence, 0.0, False, why)
-    eval_s = events.eval_s if events.eval_max_batches else events.eval_s / world
+    timed = events.world  # the ranks that shared the split when it was timed
+    eval_s = events.eval_s if events.eval_max_batches else events.eval_s * timed / world
     (small, t_small), (large, t_large) = events.decodes
-
-    per = max(t_large - t_small, 0.0) / (large - small)  # a sentence's share
-    fixed = max(t_small - per * small, 0.0)  # a decode's, whatever its size
+    small, large = _share(small, timed), _share(large, timed)  # each rank's sentences then
+    # a sentence's share, and a decode's whatever its size (the larger decode's alone where
+    # both gave a rank as many sentences)
+    per = max(t_large - t_small, 0.0) / (large - small) if large > small else 0.0
+    fixed = max(t_small - per * small, 0.0) if large > small else t_large
 
     def decode_s(sentences: int) -> float:
         """A rank's decode of its share of `sentences`: the line through both timings."""

@@ -85,6 +85,7 @@ class Calibration:
     steps: tuple[tuple[int, int, float], ...] = ()
     startup_s: float = 0.0  # the engine built, its first step's extra (cost_model/run_time.py)
     events: EventTimings | None = None  # its validation pass and decodes, where it timed them
+    ranks: int = 1  # the local ranks of the world it timed in (calibrate --ranks)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class EventTimings:
     eval_s: float
     bleu_beam: int
     decodes: tuple[tuple[int, float], tuple[int, float]]  # (sentences, seconds): half, all
+    world: int = 1  # the ranks that shared the split and the sentences (calibrate --ranks)
 
 
 def _number(raw: dict[str, Any], key: str, minimum: float, path: str) -> float:
@@ -147,6 +149,7 @@ def load_calibration(path: str | Path) -> Calibration:
         if isinstance(raw.get("startup"), dict)
         else 0.0,
         events=event_timings(raw.get("events"), name),
+        ranks=int(_number(raw, "ranks", 1, name)) if raw.get("ranks") is not None else 1,
     )
 
 
@@ -165,6 +168,7 @@ def event_timings(raw: Any, name: str) -> EventTimings | None:
                 (int(_number(d, "small", 0, name)), _number(d, "small_s", 0.0, name)),
                 (int(_number(d, "large", 1, name)), _number(d, "large_s", 0.0, name)),
             ),
+            world=int(_number(raw, "world", 1, name)) if raw.get("world") is not None else 1,
         )
     except (KeyError, TypeError):
         raise ValueError(f"{name}: events must hold eval_s and decode timings") from None
@@ -210,8 +214,11 @@ def format_rate(flops_per_s: float) -> str:
     return f"{flops_per_s / 1e9:,.1f} GFLOP/s"
 
 
-def measured_speed(cal: Calibration, model: dict[str, int] | None = None) -> Speed:
-    """The calibration's rate and overheads; notes a model other than the one it measured."""
+def measured_speed(
+    cal: Calibration, model: dict[str, int] | None = None, ranks_per_node: int | None = None
+) -> Speed:
+    """The calibration's rate and overheads; notes a model other than the one it measured, and
+    on a CPU a plan of another number of ranks on the machine than it timed beside each other."""
     peak = cal.peak_flops or cal.flops_per_s
     share = f" ({cal.flops_per_s / peak:.0%} of its {format_rate(peak)} matmul peak)"
     line = (
@@ -222,6 +229,11 @@ def measured_speed(cal: Calibration, model: dict[str, int] | None = None) -> Spe
     )
     if model is not None and cal.model and any(cal.model.get(k) != v for k, v in model.items()):
         line += f" (measured on d_model {cal.model.get('d_model')}: the rate depends on shapes)"
+    if cal.device == "cpu" and ranks_per_node is not None and ranks_per_node != cal.ranks:
+        line += (
+            f"; timed as {cal.ranks} rank(s) on the machine, this plan puts "
+            f"{ranks_per_node} on it (`calibrate --ranks {ranks_per_node}` times them together)"
+        )
     rate, overheads = cal.flops_per_s, (cal.overhead_s, cal.overhead_micro_s)
     same_model = model is None or all(cal.model.get(k) == v for k, v in model.items())
     timed = cal.steps if same_model else ()

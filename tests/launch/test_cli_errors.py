@@ -123,6 +123,7 @@ def test_every_subcommand_has_help(tmp_path: Path, sub: str) -> None:
         (["--tokens", "0,256"], "--tokens"),
         (["--tokens", "many"], "--tokens"),
         (["--steps", "0"], "--steps"),
+        (["--ranks", "0"], "--ranks"),
         (["--device", "cuda"], "--device cuda"),  # no GPU here
         (["model.d_model=0"], "model.d_model"),
     ],

@@ -82,6 +82,36 @@ def test_calibrate_writes_a_calibration(smoke: Smoke) -> None:
     assert loaded.startup_s == pytest.approx(sum(cal["startup"].values()))
 
 
+def test_calibrate_times_a_world_of_the_runs_ranks(smoke: Smoke, tmp_path: Path) -> None:
+    """`--ranks 2`: the calibration runs as 2 local ranks of one world (torchrun), timed on rank
+    0 as a run's ranks step (the gradients' synchronisation in), each rank decoding its share
+    of the sentences; a plan of 2 ranks per node says when its calibration timed another
+    number of ranks."""
+    path, _, _, over = smoke
+    cal = tmp_path / "cal2.json"
+    small = ["--tokens", "64,256", "--steps", "2", "--seq-len", "16", "--ranks", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "calibrate", "--config", "configs/tiny.yaml",
+         "--out", str(cal), *small, *over],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("2 ranks in one world, timed on rank 0") == 1  # rank 0 alone says
+    raw = json.loads(cal.read_text())
+    assert raw["ranks"] == 2 and raw["clock"] == "wall" and raw["events"]["world"] == 2
+    loaded = load_calibration(cal)
+    assert loaded.ranks == 2 and loaded.events is not None and loaded.events.world == 2
+    args = ["--gpus-per-node", "2", "--seq-len", "16", *over]
+    alone = next(x for x in _plan(*args, "--calibration", str(path)).stdout.splitlines()
+                 if x.startswith("speed"))  # fmt: skip
+    assert "timed as 1 rank(s) on the machine, this plan puts 2 on it" in alone
+    together = json.loads(_plan(*args, "--calibration", str(cal), "--json").stdout)
+    assert "timed as" not in together["speed_line"]
+    # its validation pass was each rank's half already: the plan's 2 ranks take it as it is
+    assert together["run_time"]["eval_s"] == pytest.approx(raw["events"]["eval_s"])
+
+
 def test_the_step_model_fit_recovers_its_terms_and_keeps_them_non_negative() -> None:
     from launch.cost_model.calibrate import fit_step_model
 
