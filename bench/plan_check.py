@@ -3,8 +3,9 @@ a time budget fixes (the demo preset, 12 minutes) and the time to a BLEU target 
 task, train.target_bleu=90).
 
 Each case is what a user types: `paperscale calibrate --config C --out CAL --ranks 2` (the
-run's 2 ranks in one world, one thread each), `paperscale plan --config C --nodes 1 --gpus-per-node 2 --calibration CAL --json`, then
-`paperscale train --config C --nproc 2`; the plan's figures against the run's summary and log.
+run's 2 ranks in one world, one thread each), `paperscale plan --config C --nodes 1
+--gpus-per-node 2 --calibration CAL --json`, then `paperscale train --config C --nproc 2`; the
+plan's figures against the run's summary and log.
 The time to target is given twice: as planned from the anchor's steps (what a user is told
 before the run), and as the plan's time to the step the run did reach its target at (the time
 model alone, without the anchor's steps). At smoke size: the smoke model on small synthetic
@@ -33,8 +34,8 @@ from bench.common import (
     train_run,
 )
 from launch.cost_model.run_time import RunTime
-from trainer.budget import Cadence, Costs
 from trainer.run_dir import RunDir
+from trainer.time_costs import Cadence, Costs
 
 MEASURED = re.compile(r"budget: .*?; measured ([0-9.]+) s per step")
 SMOKE_CALIBRATION = ("--tokens", "64,256", "--steps", "2", "--seq-len", "16")
@@ -80,7 +81,7 @@ def calibrated_plan(work: Path, config: str, overrides: Sequence[str], smoke: bo
     out = subprocess.run(plan, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise SystemExit(f"plan exited {out.returncode}: {out.stderr[-2000:]}")
-    (work / "plan.json").write_text(out.stdout)
+    (work / "planned.json").write_text(out.stdout)
     return json.loads(out.stdout)
 
 

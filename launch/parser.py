@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from launch.cmd_calibrate import cmd_calibrate
 from launch.cmd_data import cmd_corpus, cmd_prepare
 from launch.cmd_info import cmd_config, cmd_report, cmd_status
 from launch.cmd_model import cmd_evaluate, cmd_export, cmd_translate
-from launch.cmd_plan import cmd_calibrate, cmd_plan
+from launch.cmd_plan import cmd_plan
 from launch.cmd_train import cmd_submit, cmd_train
 from serve.formats import QUANTIZATIONS
 

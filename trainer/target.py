@@ -19,14 +19,6 @@ import torch.distributed as dist
 
 from trainer.state import TrainState
 
-WHOLE_SPLIT = 1 << 30  # sentences: more than any validation split holds
-
-
-def bleu_samples(train: Any) -> int:
-    """Sentences the in-training BLEU decodes: train.bleu_samples, or all of the validation
-    split where BLEU is the target."""
-    return WHOLE_SPLIT if train.target_bleu > 0 else int(train.bleu_samples)
-
 
 @dataclass
 class Target:

@@ -22,7 +22,7 @@ from model.search import beam_search, greedy_search
 from model.transformer import Transformer
 from trainer.dist import DistEnv
 from trainer.state import rng_preserved
-from trainer.target import bleu_samples
+from trainer.time_costs import bleu_samples
 
 
 def _lockstep(batches: Iterator[Any], device: torch.device) -> Iterator[Any | None]:

@@ -144,7 +144,7 @@ def time_events(rank: Rank, log: Callable[[str], None]) -> dict[str, Any] | None
     from data_pipeline.manifest import MANIFEST_NAME, read_manifest, tokenizer_path
     from data_pipeline.tokenizer import Tokenizer
     from trainer.budget import probe_decodes
-    from trainer.target import bleu_samples
+    from trainer.time_costs import bleu_samples
     from trainer.validation import Evaluator
 
     job, data_dir = rank.job, Path(rank.job.data.dir)

@@ -1,5 +1,5 @@
 """A run's time beyond its steps, for `paperscale plan`: its start-up, its evaluations, BLEU
-passes and saves, priced with the trainer's own accounting (trainer/budget.py `time_to` and
+passes and saves, priced with the trainer's own accounting (trainer/time_costs.py `time_to` and
 `plan_horizon`), so that the plan's time to a step and the horizon it predicts for a time budget
 are what the run itself would reckon.
 
@@ -26,8 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from launch.cost_model.speed import Calibration
-from trainer.budget import BLEU_PROBE_SAMPLES, Cadence, Costs, plan_horizon, time_to
-from trainer.target import bleu_samples
+from trainer.time_costs import (
+    BLEU_PROBE_SAMPLES,
+    Cadence,
+    Costs,
+    bleu_samples,
+    plan_horizon,
+    time_to,
+)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 
 from launch.cost_model.run_time import at_bleu_evaluation, budget_horizon, run_time
 from launch.cost_model.speed import Calibration, EventTimings
-from trainer.budget import SAFETY, Cadence, Costs, plan_horizon, time_to
+from trainer.time_costs import SAFETY, Cadence, Costs, plan_horizon, time_to
 
 
 def train(**over: float) -> SimpleNamespace:

@@ -8,18 +8,10 @@ import time
 import pytest
 import torch
 
-from trainer.budget import (
-    SAFETY,
-    BudgetClock,
-    Cadence,
-    Costs,
-    bleu_seconds,
-    decay_start,
-    plan_horizon,
-    time_to,
-)
+from trainer.budget import BudgetClock, decay_start
 from trainer.schedule import Horizon, build_scheduler, linear_decay_lr
 from trainer.state import TrainState
+from trainer.time_costs import SAFETY, Cadence, Costs, bleu_seconds, plan_horizon, time_to
 
 COSTS = Costs(step_s=1.0, eval_s=10.0, bleu_s=20.0, save_s=5.0)
 

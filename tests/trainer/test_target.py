@@ -13,7 +13,8 @@ import pytest
 from launch.config import load_config
 from trainer.config import TrainConfig
 from trainer.state import TrainState
-from trainer.target import WHOLE_SPLIT, Target, bleu_samples
+from trainer.target import Target
+from trainer.time_costs import WHOLE_SPLIT, bleu_samples
 from trainer.validation import Evaluator
 
 ROOT = Path(__file__).resolve().parents[2]
