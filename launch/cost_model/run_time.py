@@ -127,18 +127,21 @@ def run_time_lines(plan: dict) -> list[str]:
     rt = plan.get("run_time")
     if not rt:
         return []
+
+    def when(every: int) -> str:
+        return f"every {every}" if every else "at the end"
+
     if rt["priced"]:
         what = (
-            f"start-up {rt['startup_s']:.1f} s; validation {rt['eval_s']:.2f} s every "
-            f"{rt['eval_every'] or 'end'}, BLEU {rt['bleu_s']:.2f} s every "
-            f"{rt['bleu_every'] or 'end'}, save {rt['save_s']:.2f} s every "
-            f"{rt['save_every'] or 'end'} (per rank, from the calibration)"
+            f"start-up {rt['startup_s']:.1f} s; validation {rt['eval_s']:.2f} s "
+            f"{when(rt['eval_every'])}, BLEU {rt['bleu_s']:.2f} s {when(rt['bleu_every'])}, "
+            f"save {rt['save_s']:.2f} s {when(rt['save_every'])} (per rank, from the calibration)"
         )
     else:
         what = (
             f"start-up {rt['startup_s']:.1f} s; evaluations not priced ({rt['why']}: "
             "`paperscale calibrate` of the config with its prepared data.dir times them); "
-            f"save {rt['save_s']:.2f} s every {rt['save_every'] or 'end'}"
+            f"save {rt['save_s']:.2f} s {when(rt['save_every'])}"
         )
     lines = [f"beyond steps     {what}"]
     if rt.get("horizon") is not None:
