@@ -63,4 +63,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(Path(args.out), json.dumps(cal, indent=1) + "\n")
         print(f"calibration      {args.out}")
+    if args.ranks > 1:
+        leave_together()
     return 0
+
+
+def leave_together() -> None:
+    """The ranks of a calibration leave at once, once rank 0 has written its file: without
+    the interpreter's teardown, in which a rank whose peer has gone can abort in the process
+    group's native threads (seen as `terminate called without an active exception`)."""
+    import os
+    import sys
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

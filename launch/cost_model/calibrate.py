@@ -291,9 +291,8 @@ def measure(
         raise RuntimeError(f"calibrating {ranks} ranks in a world of {rank.env.world_size}")
     if ranks > 1:
         log(f"{ranks} ranks in one world, timed on rank 0 (the gradients' synchronisation in)")
-    return _measured(rank, job, cfg, sizes, steps, seq_len, device, clock, log) | {
-        "ranks": ranks, "config": str(config), "overrides": list(overrides),
-    }  # fmt: skip
+    figures = _measured(rank, job, cfg, sizes, steps, seq_len, device, clock, log)
+    return figures | {"ranks": ranks, "config": str(config), "overrides": list(overrides)}
 
 
 def _measured(
